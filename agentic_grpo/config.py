@@ -1,0 +1,135 @@
+"""Recipe configuration: TRL's `GRPOConfig` plus the fields of multi-turn tool use.
+
+A recipe is one YAML file read by TRL's `TrlParser` into three dataclasses:
+`RecipeArguments` (data and rewards), `AgenticGRPOConfig` (training and rollout) and
+TRL's `ModelConfig` (model, dtype, LoRA). Every key is a documented field; an unknown
+key stops the run at start-up with a suggestion (`read_recipe`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from trl import GRPOConfig, ModelConfig, TrlParser
+
+
+@dataclass
+class AgenticGRPOConfig(GRPOConfig):
+    """GRPO training with multi-turn tool-use rollouts.
+
+    Inherits every field of TRL's `GRPOConfig` (learning rate, `num_generations`,
+    `beta`, `max_completion_length`, vLLM, logging, ...). `max_completion_length` is the
+    token budget of the whole trajectory after the prompt, model and tool tokens together.
+    """
+
+    # TRL defaults to bf16=True (a CPU refuses it) and beta=0.0 (no KL); ours decide bf16 from
+    # the hardware and keep a KL penalty against the frozen reference on by default.
+    bf16: bool | None = field(
+        default=None,
+        metadata={"help": "bf16 mixed precision; default: on when a CUDA GPU supports it, off on CPU."},
+    )
+    beta: float = field(
+        default=0.04,
+        metadata={"help": "KL coefficient against the frozen reference model (0 disables the reference)."},
+    )
+    environment: str = field(
+        default="tools.calculator:Calculator",
+        metadata={"help": "Tool environment class by import path (`module:Class`), one instance per trajectory."},
+    )
+    environment_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Keyword arguments for the environment class's constructor."}
+    )
+    format: str = field(
+        default="react",
+        metadata={"help": "Trajectory format: `react`, or a format class by import path."},
+    )
+    format_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of the format, e.g. ReAct's `examples` (few-shot) or `instructions`."},
+    )
+    max_turns: int = field(default=6, metadata={"help": "Most model turns per trajectory (each may call a tool)."})
+    max_tokens_per_turn: int = field(default=256, metadata={"help": "Most tokens the model writes in one turn."})
+    max_tool_output_tokens: int = field(
+        default=256,
+        metadata={"help": "Token budget of one tool output; longer output keeps head and tail around a cut marker."},
+    )
+    tool_timeout: float = field(default=10.0, metadata={"help": "Wall-clock seconds allowed per tool call."})
+    tool_workers: int = field(default=16, metadata={"help": "Tool calls run at once (threads; code runs sandboxed)."})
+    sandbox: str = field(
+        default="auto",
+        metadata={
+            "help": "Sandbox for code-running tools: `auto` (strongest available), `bwrap`, `landlock`, or "
+            "`unsafe-local` (no isolation: an explicit opt-in, warned about every run)."
+        },
+    )
+    sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit of sandboxed code, in MB."})
+    save_trajectories_steps: int = field(
+        default=1,
+        metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.bf16 is None:  # TRL defaults to bf16, which a CPU refuses
+            self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        super().__post_init__()
+        for name in ("environment_kwargs", "format_kwargs"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, yaml.safe_load(value))
+            if getattr(self, name) is None:
+                setattr(self, name, {})
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+
+
+@dataclass
+class RecipeArguments:
+    """What to train on and how to score it."""
+
+    dataset: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Data: `{generator: module:function, num_train: N, num_test: N, seed: S}` for generated "
+            "tasks, or `datasets.load_dataset` arguments (`{path: json, data_files: train.jsonl}`) with an optional "
+            "`test_split` fraction. Rows need a `question` column; rewards may need `answer`."
+        },
+    )
+    rewards: list[dict] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Reward functions: a list of `{type: module:Class, weight: w, name: n, ...}`; other keys "
+            "are the class's constructor arguments."
+        },
+    )
+
+
+RECIPE_TYPES = (RecipeArguments, AgenticGRPOConfig, ModelConfig)
+
+
+def read_recipe(argv: list[str] | None = None) -> tuple[RecipeArguments, AgenticGRPOConfig, ModelConfig]:
+    """Parse `--config recipe.yaml` plus command-line overrides; unknown keys fail with a suggestion."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--config" in argv:
+        path = Path(argv[argv.index("--config") + 1])
+        if not path.is_file():
+            raise ValueError(f"recipe file `{path}` does not exist")
+        check_recipe_keys(yaml.safe_load(path.read_text()) or {}, path)
+    parser = TrlParser(RECIPE_TYPES)
+    return parser.parse_args_and_config(argv)
+
+
+def check_recipe_keys(recipe: Any, path: Path | str) -> None:
+    if not isinstance(recipe, dict):
+        raise ValueError(f"recipe `{path}` must be a YAML mapping of field: value")
+    known = {f.name for t in RECIPE_TYPES for f in fields(t)} | {"env"}
+    for key in recipe:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else "; `--help` lists every field"
+            raise ValueError(f"recipe `{path}`: field `{key}` is not known{hint}")

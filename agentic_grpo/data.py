@@ -1,0 +1,68 @@
+"""Recipe data: load or generate rows, check their columns, and add the chat prompt.
+
+`datasets` does the loading; this module only turns a recipe's `dataset:` spec into
+train and test `Dataset`s and fails at start-up, naming the column, when rows lack
+what the run needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datasets import Dataset, DatasetDict, load_dataset
+
+from agentic_grpo.plugins import import_object
+
+
+def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset | None]:
+    """Train and (optional) test datasets for a recipe's `dataset` field."""
+    if spec is None:
+        raise ValueError("recipe field `dataset` is missing: give `{generator: ...}` or `{path: json, data_files: ...}`")
+    if isinstance(spec, str):
+        spec = {"path": spec}
+    spec = dict(spec)
+    if "generator" in spec:
+        generator = import_object(spec.pop("generator"), what="dataset generator")
+        splits = generator(**spec)
+        train, test = Dataset.from_list(splits["train"]), Dataset.from_list(splits.get("test", []))
+        return train, (test if len(test) else None)
+    test_split = spec.pop("test_split", None)
+    split = spec.pop("split", "train")
+    try:
+        loaded = load_dataset(**spec)
+    except Exception as exc:  # noqa: BLE001 - one message naming the spec beats a datasets traceback
+        raise ValueError(f"recipe `dataset` {spec} cannot be loaded: {exc}") from exc
+    if isinstance(loaded, DatasetDict):
+        test = loaded.get("test")
+        loaded = loaded[split]
+    else:
+        test = None
+    if test_split:
+        parts = loaded.train_test_split(test_size=test_split, seed=0)
+        loaded, test = parts["train"], parts["test"]
+    return loaded, test
+
+
+def check_columns(dataset: Dataset, required: list[str], where: str) -> None:
+    missing = [c for c in required if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"{where} rows lack column(s) {missing}; they have {dataset.column_names}. "
+            "Rename columns in the data or choose rewards that do not need them."
+        )
+    if len(dataset) == 0:
+        raise ValueError(f"{where} is empty")
+
+
+def add_prompts(dataset: Dataset, system_prompt: str) -> Dataset:
+    """Add the conversational `prompt` column TRL expects: the format's system message, then the question."""
+
+    def to_prompt(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "prompt": [
+                {"role": "system", "content": system_prompt},
+                {"role": "user", "content": str(row["question"])},
+            ]
+        }
+
+    return dataset.map(to_prompt)

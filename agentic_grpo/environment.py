@@ -1,0 +1,146 @@
+"""The tool-environment contract: a small class whose public methods are the tools.
+
+A user subclasses `ToolEnvironment`, writes typed, documented methods (the
+transformers `get_json_schema` convention, as TRL does), and optionally `reset(row)`.
+The rollout manager creates one instance per trajectory, so per-trajectory state lives
+on the instance. `execute` is the one place a call meets the tool: unknown tools, bad
+arguments, exceptions and timeouts all come back as a `ToolResult`, never a raise.
+
+Tools that run code set `needs_sandbox = True`; the rollout manager then hands the
+instance a fresh sandbox slot (`self.sandbox`) and a private workspace. Pure tools
+run in the trainer's process in a worker thread under the wall timeout.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+import typing
+from pathlib import Path
+from typing import Any, ClassVar
+
+from transformers.utils import get_json_schema
+
+from agentic_grpo.trajectory import ToolCall, ToolResult
+
+_RESERVED = {"reset", "close", "execute", "tools", "tool_schemas"}
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
+
+
+class ToolEnvironment:
+    """Base class for tool environments; every public method is a tool.
+
+    Attributes set by the rollout manager before `reset`:
+        workspace: a fresh private directory for this trajectory (or None).
+        sandbox: a sandbox slot when the class sets `needs_sandbox = True`.
+        tool_timeout: wall-clock seconds allowed per call.
+    """
+
+    needs_sandbox: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.workspace: Path | None = None
+        self.sandbox: Any = None
+        self.tool_timeout: float = 10.0
+
+    def reset(self, row: dict[str, Any]) -> None:
+        """Prepare for a new trajectory on dataset row `row` (override to keep state)."""
+
+    def close(self) -> None:
+        """Release what `reset` took (override when needed)."""
+
+    @classmethod
+    def tools(cls) -> dict[str, typing.Callable]:
+        """The tool methods by name: public, defined on a subclass, not lifecycle hooks."""
+        found = {}
+        for klass in reversed(cls.__mro__):
+            if klass in (ToolEnvironment, object):
+                continue
+            for name, member in vars(klass).items():
+                if name.startswith("_") or name in _RESERVED or not inspect.isfunction(member):
+                    continue
+                found[name] = member
+        return found
+
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        """JSON schemas of the tools, from type hints and Google-style docstrings."""
+        schemas = []
+        for name, fn in cls.tools().items():
+            try:
+                schemas.append(get_json_schema(fn))
+            except Exception as exc:  # noqa: BLE001 - re-raised with the tool named
+                raise TypeError(
+                    f"tool `{cls.__name__}.{name}` needs type hints on every argument and a Google-style "
+                    f"docstring with an `Args:` entry per argument: {exc}"
+                ) from exc
+        for schema in schemas:
+            schema["function"]["parameters"]["properties"].pop("self", None)
+        return schemas
+
+    def execute(self, call: ToolCall) -> ToolResult:
+        """Run one call under the wall timeout; every failure becomes a `ToolResult` the model can read."""
+        start = time.perf_counter()
+        tools = self.tools()
+        if call.name not in tools:
+            known = ", ".join(sorted(tools)) or "none"
+            return _failed(f"Error: unknown tool `{call.name}`. Available tools: {known}.", start)
+        problem = _check_arguments(self.tool_schema(call.name), call.arguments)
+        if problem:
+            return _failed(f"Error: bad arguments for `{call.name}`: {problem}", start)
+
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = getattr(self, call.name)(**call.arguments)
+            except Exception as exc:  # noqa: BLE001 - a tool's exception is an observation, not a crash
+                outcome["error"] = f"{type(exc).__name__}: {exc}"
+
+        # A daemon thread, because a pure tool that hangs cannot be killed from Python; code
+        # that could hang for real runs in the sandbox, whose timeout kills the process tree.
+        worker = threading.Thread(target=run, daemon=True, name=f"tool-{call.name}")
+        worker.start()
+        worker.join(self.tool_timeout)
+        if worker.is_alive():
+            return ToolResult(
+                output=f"Error: `{call.name}` timed out after {self.tool_timeout:g} s.",
+                error="timeout",
+                timed_out=True,
+                seconds=time.perf_counter() - start,
+            )
+        if "error" in outcome:
+            return _failed(f"Error: {outcome['error']}", start)
+        value = outcome.get("value")
+        if isinstance(value, ToolResult):
+            value.seconds = value.seconds or time.perf_counter() - start
+            return value
+        return ToolResult(output="" if value is None else str(value), seconds=time.perf_counter() - start)
+
+    @classmethod
+    def tool_schema(cls, name: str) -> dict[str, Any]:
+        return next(s for s in cls.tool_schemas() if s["function"]["name"] == name)
+
+
+def _failed(message: str, start: float) -> ToolResult:
+    return ToolResult(output=message, error=message, seconds=time.perf_counter() - start)
+
+
+def _check_arguments(schema: dict[str, Any], arguments: Any) -> str | None:
+    """Why `arguments` does not fit the tool's JSON schema, or None when it does."""
+    if not isinstance(arguments, dict):
+        return f"expected a JSON object, got {type(arguments).__name__}"
+    params = schema["function"]["parameters"]
+    properties = params.get("properties", {})
+    missing = [k for k in params.get("required", []) if k not in arguments]
+    if missing:
+        return f"missing {', '.join(missing)}; expected {sorted(properties)}"
+    unknown = [k for k in arguments if k not in properties]
+    if unknown:
+        return f"unknown {', '.join(unknown)}; expected {sorted(properties)}"
+    for key, value in arguments.items():
+        expected = _JSON_TYPES.get(properties[key].get("type", ""))
+        if expected and (not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))):
+            return f"`{key}` should be {properties[key]['type']}, got {type(value).__name__}"
+    return None

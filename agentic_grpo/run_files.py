@@ -1,0 +1,72 @@
+"""The files a run leaves in its output directory, and what they mean.
+
+- `run.json`: the recipe and the run's status, `running` until training ends, then
+  `completed` or `failed`: a directory is never mistaken for a finished run.
+- `metrics.jsonl`: one JSON object per logging step (the same numbers as W&B).
+- `trajectories/step_NNNNNN.jsonl`: every trajectory of sampled steps, segments, tool
+  calls, rewards and advantages included (read them with `agentic-grpo show`).
+
+Checkpoints are the Trainer's own `checkpoint-N/` directories.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunFilesCallback(TrainerCallback):
+    """Writes `metrics.jsonl` on every log and adds `time/step` to the metrics."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self._step_start: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._step_start is not None:
+            self.trainer._metrics["train"]["time/step"].append(time.perf_counter() - self._step_start)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, **{k: _jsonable(v) for k, v in logs.items()}}
+        path = Path(args.output_dir) / "metrics.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    @staticmethod
+    def write_trajectories(output_dir: str, step: int, records: list[dict[str, Any]], accelerator: Any) -> Path:
+        folder = Path(output_dir) / "trajectories"
+        folder.mkdir(parents=True, exist_ok=True)
+        suffix = f".rank{accelerator.process_index}" if accelerator.num_processes > 1 else ""
+        path = folder / f"step_{step:06d}{suffix}.jsonl"
+        with path.open("w") as f:
+            for record in records:
+                f.write(json.dumps(record, default=str) + "\n")
+        return path
+
+
+def write_run_status(output_dir: str | Path, status: str, **extra: Any) -> None:
+    """Create or update `run.json` (atomically: a reader never sees half a file)."""
+    path = Path(output_dir) / "run.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(status=status, updated=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)

@@ -1,0 +1,381 @@
+"""An LLM judge as a TRL reward function: whole trajectories in, a score in [0, 1] (or None) out.
+
+What no library gives us: a judge that sees the agent's *whole* multi-turn trajectory
+(thoughts, every tool call with the output the tool really returned, the final answer)
+next to the dataset's reference answer; that can grade the G samples of one query in one
+relative call (as ART's RULER does) as well as one at a time; that survives a flaky or
+absent server (None rewards that TRL leaves out, never a crashed run or a fake 0); and
+that reports what it cost (`judge/*` metrics) through TRL's `log_metric`.
+
+A recipe names it like any reward:
+
+    rewards:
+      - {name: judge, type: rewards.judge:LLMJudge, weight: 0.5,
+         endpoint: http://127.0.0.1:8000/v1, model: judge, rubric: rubrics/tool_use.md}
+
+Every key except name/type/weight is a keyword argument of `LLMJudge`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentic_grpo.trajectory import Trajectory
+from rewards.judge_backends import JudgeBackend, JudgeReply, LocalBackend, OpenAIBackend
+from rewards.judge_parsing import parse_group_scores, parse_score
+
+logger = logging.getLogger(__name__)
+
+RUBRIC_DIR = Path(__file__).resolve().parent.parent / "rubrics"
+DEFAULT_RUBRICS = {"trajectory": RUBRIC_DIR / "tool_use.md", "group": RUBRIC_DIR / "tool_use_group.md"}
+# Only these names are substituted, so a rubric may show JSON examples with braces freely.
+PLACEHOLDERS = {
+    "trajectory": {"question", "reference", "trajectory"},
+    "group": {"question", "reference", "trajectories", "n"},
+}
+REQUIRED_PLACEHOLDER = {"trajectory": "trajectory", "group": "trajectories"}
+NO_REFERENCE = "(none given: judge the final answer on its own merits)"
+METRICS = ("calls", "failures", "retries", "parse_failures", "cache_hits")
+
+
+class LLMJudge:
+    """Scores each completion's trajectory with an LLM, following a replaceable rubric.
+
+    Args:
+        model: Model name the server serves (`backend: openai`), or a local Hugging Face model
+            directory / hub id (`backend: local`).
+        endpoint: Base URL of an OpenAI-compatible API (OpenAI, vLLM, llama.cpp, ...), e.g.
+            `http://127.0.0.1:8000/v1`. Required for `backend: openai`.
+        backend: `openai` (default when `endpoint` is set) or `local` (the model is loaded in this process).
+        rubric: Path of the rubric template (relative paths are tried from the working directory, then from
+            the project root). Default: `rubrics/tool_use.md`, or `rubrics/tool_use_group.md` in group mode.
+            Placeholders: `{trajectory}` (required, trajectory mode) or `{trajectories}` and `{n}` (group mode,
+            `{trajectories}` required), and `{question}`, `{reference}` in both. Other braces are left as written.
+        mode: `trajectory` (one call per trajectory) or `group` (one call per query showing all of its consecutive
+            completions, scored relative to each other).
+        api_key_env: Name of the environment variable holding the API key (never the key itself). Unset: no key.
+        max_concurrency: Judge calls in flight at once (openai backend).
+        timeout_s: Wall-clock limit of one attempt of one call, in seconds.
+        max_retries: Retries of a call after a connection error, timeout, HTTP 429 or 5xx (then: None reward).
+        backoff_s: First retry delay; doubles each retry, with jitter. A server's Retry-After takes precedence.
+        max_backoff_s: Longest wait between two attempts, Retry-After included.
+        max_tokens: Longest judge answer, in tokens.
+        temperature: Judge sampling temperature (0: greedy).
+        score_min: Lowest score of the rubric's scale (normalised to 0).
+        score_max: Highest score of the rubric's scale (normalised to 1).
+        question_column: Dataset column with the question shown to the judge (falls back to the prompt).
+        reference_column: Dataset column with the reference answer, shown when present.
+        max_tool_output_chars: Longer tool outputs are shown to the judge cut in the middle.
+        cache_size: Judged prompts remembered by content hash, so a repeated trajectory is not judged twice (0: off).
+        device: Device of the local judge model (`backend: local`), e.g. `cpu`, `cuda:1`.
+        batch_size: Prompts per `generate` call of the local judge model.
+        check_endpoint: Probe `endpoint` at start-up and warn (once) when it does not answer.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        endpoint: str | None = None,
+        backend: str | None = None,
+        rubric: str | os.PathLike | None = None,
+        mode: str = "trajectory",
+        api_key_env: str | None = None,
+        max_concurrency: int = 8,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        score_min: float = 0.0,
+        score_max: float = 10.0,
+        question_column: str = "question",
+        reference_column: str = "answer",
+        max_tool_output_chars: int = 2000,
+        cache_size: int = 10_000,
+        device: str = "cpu",
+        batch_size: int = 8,
+        check_endpoint: bool = True,
+    ) -> None:
+        self.__name__ = "judge"  # TRL names the reward (`rewards/<name>/mean`) after this; the recipe overrides it
+        if mode not in DEFAULT_RUBRICS:
+            raise ValueError(f"LLMJudge field `mode` is {mode!r}; use one of: {', '.join(DEFAULT_RUBRICS)}")
+        self.mode = mode
+        self.rubric_path, self.rubric = _load_rubric(rubric, mode)
+        backend = backend or ("openai" if endpoint else None)
+        if backend not in ("openai", "local"):
+            raise ValueError(
+                f"LLMJudge field `backend` is {backend!r}: set `endpoint` (an OpenAI-compatible server, e.g. "
+                "http://127.0.0.1:8000/v1) or `backend: local` with `model: /path/to/hf_model`"
+            )
+        if not model:
+            raise ValueError("LLMJudge field `model` is required: the served model name, or a local model directory")
+        for field, value, least in (
+            ("max_concurrency", max_concurrency, 1),
+            ("max_retries", max_retries, 0),
+            ("max_tokens", max_tokens, 1),
+            ("batch_size", batch_size, 1),
+            ("cache_size", cache_size, 0),
+            ("max_tool_output_chars", max_tool_output_chars, 1),
+        ):
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"LLMJudge field `{field}` must be an integer >= {least}, got {value!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"LLMJudge field `timeout_s` must be > 0, got {timeout_s!r}")
+        if score_max <= score_min:
+            raise ValueError(
+                f"LLMJudge fields `score_min` ({score_min}) and `score_max` ({score_max}): need min < max"
+            )
+        self.score_min, self.score_max = float(score_min), float(score_max)
+        self.question_column, self.reference_column = question_column, reference_column
+        self.max_tool_output_chars = max_tool_output_chars
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self.totals = dict.fromkeys(METRICS, 0)  # since construction; the per-step numbers go to log_metric
+        self._warned_failure = False
+
+        self.backend: JudgeBackend
+        if backend == "openai":
+            if not endpoint:
+                raise ValueError("LLMJudge field `endpoint` is required for `backend: openai`")
+            api_key = None
+            if api_key_env:
+                api_key = os.environ.get(api_key_env)
+                if not api_key:
+                    raise ValueError(
+                        f"LLMJudge field `api_key_env`: environment variable {api_key_env} is not set or empty"
+                    )
+            self.backend = OpenAIBackend(
+                endpoint, model, api_key, max_concurrency, timeout_s, max_retries, backoff_s, max_backoff_s,
+                max_tokens, temperature,
+            )  # fmt: skip
+            problem = self.backend.check() if check_endpoint else None
+            if problem is not None:
+                self._warned_failure = True  # this was the one warning; failures are counted from here on
+                logger.warning(
+                    "LLM judge endpoint %s does not answer (%s): training goes on, its calls will fail and be "
+                    "counted in judge/failures, and those trajectories get no judge reward",
+                    endpoint, problem,
+                )  # fmt: skip
+        else:
+            try:
+                self.backend = LocalBackend(model, device, batch_size, max_tokens, temperature)
+            except (OSError, ValueError) as error:
+                raise ValueError(
+                    f"LLMJudge field `model`: cannot load local judge model {model!r}: {error}"
+                ) from error
+
+    def __repr__(self) -> str:
+        return f"LLMJudge(name={self.__name__!r}, mode={self.mode!r}, backend={self.backend!r}, rubric={self.rubric_path})"
+
+    async def __call__(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        trajectory: list[Trajectory] | None = None,
+        log_metric: Callable[[str, float], None] | None = None,
+        **columns: Any,
+    ) -> list[float | None]:
+        """One score in [0, 1] per completion, None where the judge call failed or its answer had no score."""
+        n = len(completions)
+        questions = [self._question(i, prompts, trajectory, columns) for i in range(n)]
+        references = columns.get(self.reference_column)
+        reference_texts = [NO_REFERENCE if references is None else str(references[i]) for i in range(n)]
+        bodies = [self._render_completion(i, completions, trajectory) for i in range(n)]
+        step = dict.fromkeys(METRICS, 0)
+        latencies: list[float] = []
+
+        if self.mode == "trajectory":
+            requests = [
+                (self._fill(question=questions[i], reference=reference_texts[i], trajectory=bodies[i]), [i])
+                for i in range(n)
+            ]
+        else:
+            requests = []
+            for members in _consecutive_groups(questions, prompts):
+                attempts = "\n\n".join(f"### Attempt {k}\n{bodies[i]}" for k, i in enumerate(members, start=1))
+                first = members[0]
+                text = self._fill(
+                    question=questions[first],
+                    reference=reference_texts[first],
+                    trajectories=attempts,
+                    n=str(len(members)),
+                )
+                requests.append((text, members))
+
+        scores: list[float | None] = [None] * n
+        pending: dict[str, list[list[int]]] = {}  # prompt -> the member lists waiting on it (duplicates judged once)
+        for text, members in requests:
+            cached = self._cache_get(text)
+            if cached is not None:
+                step["cache_hits"] += len(members)
+                for i, score in zip(members, cached):
+                    scores[i] = score
+            else:
+                pending.setdefault(text, []).append(members)
+
+        texts = list(pending)
+        replies: list[JudgeReply] = await self.backend.complete_many(texts) if texts else []
+        for text, reply in zip(texts, replies):
+            step["calls"] += 1
+            step["retries"] += reply.retries
+            latencies.append(reply.seconds)
+            if reply.text is None:
+                step["failures"] += 1
+                self._warn_failure_once(reply.error)
+                continue
+            size = len(pending[text][0])
+            parsed = (
+                [parse_score(reply.text, self.score_min, self.score_max)]
+                if self.mode == "trajectory"
+                else parse_group_scores(reply.text, size, self.score_min, self.score_max)
+            )
+            if any(s is None for s in parsed):
+                step["parse_failures"] += 1
+                logger.debug("judge answer without a (complete) score: %r", reply.text[:500])
+            else:
+                self._cache_put(text, parsed)
+            for members in pending[text]:
+                for i, score in zip(members, parsed):
+                    scores[i] = score
+
+        for key, value in step.items():
+            self.totals[key] += value
+        if log_metric is not None:
+            for key, value in step.items():
+                log_metric(f"judge/{key}", float(value))
+            if latencies:
+                log_metric("judge/latency_s", sum(latencies) / len(latencies))
+            log_metric("judge/scored_fraction", sum(s is not None for s in scores) / max(n, 1))
+        return scores
+
+    # -- rendering ---------------------------------------------------------------------------------------------
+
+    def _fill(self, **values: str) -> str:
+        return re.sub(r"\{(\w+)\}", lambda m: values.get(m[1], m[0]), self.rubric)
+
+    def _question(self, i: int, prompts: list[Any], trajectory: list[Trajectory] | None, columns: dict) -> str:
+        if self.question_column in columns and columns[self.question_column] is not None:
+            return str(columns[self.question_column][i])
+        prompt = trajectory[i].prompt if trajectory is not None else prompts[i]
+        if isinstance(prompt, list):  # conversational: the last user message is the question
+            users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+            return str(users[-1]) if users else json.dumps(prompt, default=str)
+        return str(prompt)
+
+    def _render_completion(self, i: int, completions: list[Any], trajectory: list[Trajectory] | None) -> str:
+        if trajectory is not None and trajectory[i] is not None:
+            return render_trajectory(trajectory[i], self.max_tool_output_chars)
+        completion = completions[i]
+        if isinstance(completion, list):
+            completion = "\n".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+        return f"[agent]\n{str(completion).strip()}"
+
+    # -- cache and warnings ------------------------------------------------------------------------------------
+
+    def _key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.backend.describe()}\0{self.mode}\0{text}".encode()).hexdigest()
+
+    def _cache_get(self, text: str) -> list[float | None] | None:
+        if not self.cache_size:
+            return None
+        key = self._key(text)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        return None
+
+    def _cache_put(self, text: str, scores: list[float | None]) -> None:
+        if not self.cache_size:
+            return
+        self._cache[self._key(text)] = scores
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _warn_failure_once(self, error: str | None) -> None:
+        if not self._warned_failure:
+            self._warned_failure = True
+            logger.warning(
+                "LLM judge call failed after retries (%s): that trajectory gets no judge reward; further failures "
+                "are only counted in judge/failures",
+                error,
+            )
+
+
+def render_trajectory(trajectory: Trajectory, max_tool_output_chars: int = 2000) -> str:
+    """The trajectory as the judge reads it: agent turns, real tool outputs (with their call), final answer."""
+    parts: list[str] = []
+    calls = list(trajectory.tool_calls)
+    tool_index = 0
+    for segment in trajectory.completion_segments:
+        if segment.role == "model":
+            parts.append(f"[agent]\n{segment.text.strip()}")
+            continue
+        output = _clip(segment.text.strip(), max_tool_output_chars)
+        if tool_index < len(calls):
+            parts.append(f"[tool output: {_describe_call(*calls[tool_index])}]\n{output}")
+        else:
+            parts.append(f"[tool output]\n{output}")
+        tool_index += 1
+    for call, result in calls[tool_index:]:  # calls whose output is not in a segment of its own
+        parts.append(
+            f"[tool output: {_describe_call(call, result)}]\n{_clip(result.output.strip(), max_tool_output_chars)}"
+        )
+    if trajectory.final_answer is not None:
+        parts.append(f"[final answer]\n{trajectory.final_answer.strip()}")
+    else:
+        parts.append(f"[final answer]\n(none: the agent stopped without one; reason: {trajectory.finish_reason})")
+    return "\n\n".join(parts)
+
+
+def _describe_call(call: Any, result: Any) -> str:
+    arguments = json.dumps(call.arguments, ensure_ascii=False, default=str)
+    notes = [f"error: {result.error}" if result.error else "", "timed out" if result.timed_out else ""]
+    notes.append("cut to fit the agent's budget" if result.truncated else "")
+    status = "; ".join(n for n in notes if n)
+    return f"{call.name}({arguments})" + (f"; {status}" if status else "")
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit // 2], text[-(limit // 2) :]
+    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters not shown ...]\n{tail}"
+
+
+def _consecutive_groups(questions: list[str], prompts: list[Any]) -> list[list[int]]:
+    """Indices of consecutive completions of the same query (TRL repeats each prompt G times in a row)."""
+    keys = [json.dumps([q, p], sort_keys=True, default=str) for q, p in zip(questions, prompts)]
+    groups: list[list[int]] = []
+    for i, key in enumerate(keys):
+        if groups and keys[groups[-1][0]] == key:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _load_rubric(rubric: str | os.PathLike | None, mode: str) -> tuple[Path, str]:
+    path = Path(rubric) if rubric is not None else DEFAULT_RUBRICS[mode]
+    if not path.is_absolute() and not path.exists() and (RUBRIC_DIR.parent / path).exists():
+        path = RUBRIC_DIR.parent / path
+    if not path.is_file():
+        raise ValueError(f"LLMJudge field `rubric`: file {str(rubric)!r} does not exist (looked in {Path.cwd()})")
+    text = path.read_text(encoding="utf-8")
+    required = REQUIRED_PLACEHOLDER[mode]
+    if "{" + required + "}" not in text:
+        known = ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS[mode]))
+        hint = f" (the default group rubric is {DEFAULT_RUBRICS['group']})" if mode == "group" else ""
+        raise ValueError(
+            f"LLMJudge field `rubric`: {path} has no {{{required}}} placeholder, needed in mode `{mode}`{hint}; "
+            f"placeholders it may use: {known}"
+        )
+    return path, text
