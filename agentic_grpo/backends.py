@@ -4,14 +4,17 @@ The rollout manager hands a backend the full token ids of each live trajectory a
 gets back only the new tokens, cut at EOS or at the format's stop string, with why it
 stopped. Token ids in, token ids out: nothing is re-rendered through a chat template.
 
-`TransformersBackend` runs HF `generate` on the policy being trained, unwrapped with
-TRL's `unwrap_model_for_generation` so it stays right under DeepSpeed ZeRO-3 and FSDP.
+`TrainerBackend` runs HF `generate` on the policy being trained, unwrapped with TRL's
+`unwrap_model_for_generation` so it stays right under DeepSpeed ZeRO-3 and FSDP;
+`TransformersBackend` does the same for a model held directly (evaluation).
 A vLLM backend plugs in at the same seam (`GenerationBackend`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -35,16 +38,20 @@ class GenerationBackend(Protocol):
 
 
 class TransformersBackend:
-    """HF `generate` on the trainer's policy, sampling with the trainer's generation settings."""
+    """HF `generate` on a model held in this process (evaluation, scripts)."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-        self.tokenizer = trainer.processing_class
+    def __init__(self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: list[int]) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.generation_config = generation_config
+        self.eos_token_ids = eos_token_ids
+
+    @contextlib.contextmanager
+    def _generating_model(self) -> Iterator[Any]:
+        with torch.no_grad():
+            yield self.model
 
     def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Generation]:
-        from trl.models import unwrap_model_for_generation
-
-        trainer = self.trainer
         pad_id = self.tokenizer.pad_token_id
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -52,10 +59,36 @@ class TransformersBackend:
         for row, ids in enumerate(batch):  # left padding, as decoder-only generation needs
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention_mask[row, width - len(ids) :] = 1
-        device = trainer.accelerator.device
-        config = copy.deepcopy(trainer.generation_config)
+        config = copy.deepcopy(self.generation_config)
         config.max_new_tokens = max_new_tokens
         config.stop_strings = stop or None
+        with self._generating_model() as model:
+            output = model.generate(
+                input_ids=input_ids.to(model.device),
+                attention_mask=attention_mask.to(model.device),
+                generation_config=config,
+                tokenizer=self.tokenizer,
+            )
+        new_tokens = output[:, width:].cpu().tolist()
+        return [cut_generation(ids, self.eos_token_ids, stop, self.tokenizer) for ids in new_tokens]
+
+
+class TrainerBackend(TransformersBackend):
+    """HF `generate` on the policy a `GRPOTrainer` is training, with the trainer's sampling settings.
+
+    The model is unwrapped with TRL's `unwrap_model_for_generation` (ZeRO-3 parameters
+    gathered, FSDP full parameters summoned) so generation is right under every engine.
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        super().__init__(trainer.model, trainer.processing_class, trainer.generation_config, trainer.eos_token_ids)
+        self.trainer = trainer
+
+    @contextlib.contextmanager
+    def _generating_model(self) -> Iterator[Any]:
+        from trl.models import unwrap_model_for_generation
+
+        trainer = self.trainer
         with (
             unwrap_model_for_generation(
                 trainer.model_wrapped,
@@ -67,14 +100,7 @@ class TransformersBackend:
             torch.no_grad(),
             trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
         ):
-            output = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                generation_config=config,
-                tokenizer=self.tokenizer,
-            )
-        new_tokens = output[:, width:].cpu().tolist()
-        return [cut_generation(ids, trainer.eos_token_ids, stop, self.tokenizer) for ids in new_tokens]
+            yield model
 
 
 def cut_generation(ids: list[int], eos_ids: list[int], stop: list[str], tokenizer: Any) -> Generation:

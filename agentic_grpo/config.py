@@ -120,7 +120,9 @@ def read_recipe(argv: list[str] | None = None) -> tuple[RecipeArguments, Agentic
         if not path.is_file():
             raise ValueError(f"recipe file `{path}` does not exist")
         check_recipe_keys(yaml.safe_load(path.read_text()) or {}, path)
-    parser = TrlParser(RECIPE_TYPES)
+    flags = {a[2:].split("=")[0]: None for a in argv if a.startswith("--") and a != "--config"}
+    check_recipe_keys(flags, "command line")
+    parser = TrlParser(RECIPE_TYPES, allow_abbrev=False)
     return parser.parse_args_and_config(argv)
 
 
@@ -132,4 +134,5 @@ def check_recipe_keys(recipe: Any, path: Path | str) -> None:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"; did you mean `{close[0]}`?" if close else "; `--help` lists every field"
-            raise ValueError(f"recipe `{path}`: field `{key}` is not known{hint}")
+            where = "the command line" if path == "command line" else f"recipe `{path}`"
+            raise ValueError(f"{where}: field `{key}` is not known{hint}")

@@ -17,7 +17,9 @@ from agentic_grpo.plugins import import_object
 def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset | None]:
     """Train and (optional) test datasets for a recipe's `dataset` field."""
     if spec is None:
-        raise ValueError("recipe field `dataset` is missing: give `{generator: ...}` or `{path: json, data_files: ...}`")
+        raise ValueError(
+            "recipe field `dataset` is missing: give `{generator: ...}` or `{path: json, data_files: ...}`"
+        )
     if isinstance(spec, str):
         spec = {"path": spec}
     spec = dict(spec)
@@ -54,15 +56,6 @@ def check_columns(dataset: Dataset, required: list[str], where: str) -> None:
         raise ValueError(f"{where} is empty")
 
 
-def add_prompts(dataset: Dataset, system_prompt: str) -> Dataset:
-    """Add the conversational `prompt` column TRL expects: the format's system message, then the question."""
-
-    def to_prompt(row: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "prompt": [
-                {"role": "system", "content": system_prompt},
-                {"role": "user", "content": str(row["question"])},
-            ]
-        }
-
-    return dataset.map(to_prompt)
+def add_prompts(dataset: Dataset, trajectory_format: Any) -> Dataset:
+    """Add the conversational `prompt` column TRL expects, as the format opens a trajectory."""
+    return dataset.map(lambda row: {"prompt": trajectory_format.prompt_messages(str(row["question"]))})

@@ -141,7 +141,9 @@ def build_tiny_model(output_dir: str | os.PathLike, seed: int = 0) -> str:
 
 
 def _tokenizer_corpus() -> list[str]:
-    words = "Thought Action Action Input Observation Final Answer calculator python expression code result error".split()
+    words = (
+        "Thought Action Action Input Observation Final Answer calculator python expression code result error".split()
+    )
     lines = [" ".join(words)] * 20
     lines += [f"What is {a} * {b}? {a * b}" for a in range(100, 160) for b in range(3, 9)]
     lines += ['{"expression": "12 * 34"}', "system user assistant tool You are a helpful assistant."] * 20

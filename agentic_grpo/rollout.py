@@ -14,9 +14,10 @@ TRL multiplies into the loss mask.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from agentic_grpo.backends import GenerationBackend
 from agentic_grpo.environment import ToolEnvironment
@@ -104,7 +105,12 @@ class RolloutManager:
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         else:
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+            ids = self.tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        prefix = getattr(self.format, "response_prefix", "")
+        if prefix:  # the answer's opening words belong to the prompt: given, not trained
+            ids = list(ids) + self.tokenizer(prefix, add_special_tokens=False)["input_ids"]
         return Trajectory(prompt=prompt, segments=[Segment("prompt", list(ids), self.tokenizer.decode(ids))])
 
     def _model_turn(

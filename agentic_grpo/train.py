@@ -11,8 +11,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu_demo.yaml"
 logger = logging.getLogger("agentic_grpo")
@@ -23,7 +24,9 @@ def build_rewards(specs: Any) -> tuple[list[Callable], list[float]]:
     from agentic_grpo.plugins import PluginError, import_object
 
     if not specs:
-        raise ValueError("recipe field `rewards` is empty: name at least one, e.g. `{type: rewards.rules:Correctness}`")
+        raise ValueError(
+            "recipe field `rewards` is empty: name at least one, e.g. `{type: rewards.rules:Correctness}`"
+        )
     if not isinstance(specs, list):
         raise ValueError("recipe field `rewards` must be a list of `{type: module:Class, weight: w, ...}`")
     funcs, weights, names = [], [], set()
@@ -60,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["--config", str(DEFAULT_RECIPE)]
         print(f"No recipe given: running the offline CPU demo ({DEFAULT_RECIPE.name}).", flush=True)
     if argv[0] in ("-h", "--help"):
-        from agentic_grpo.config import RECIPE_TYPES
         from trl import TrlParser
+
+        from agentic_grpo.config import RECIPE_TYPES
 
         TrlParser(RECIPE_TYPES).parse_args_and_config(argv)
         return 0
@@ -99,9 +103,8 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
     check_columns(train, required, "training data")
     if test is not None:
         check_columns(test, required, "test data")
-    system_prompt = trajectory_format.system_prompt(environment.tool_schemas())
-    train = add_prompts(train, system_prompt)
-    test = add_prompts(test, system_prompt) if test is not None else None
+    train = add_prompts(train, trajectory_format)
+    test = add_prompts(test, trajectory_format) if test is not None else None
 
     model_kwargs: dict[str, Any] = dict(config.model_init_kwargs or {})
     if model_config.dtype not in (None, "auto"):
@@ -144,7 +147,9 @@ def summary(output_dir: Path) -> str:
     lines.append(f"  metrics:      {metrics_path}")
     lines.append(f"  trajectories: {output_dir / 'trajectories'} (read with `agentic-grpo show`)")
     checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    lines.append(f"  model:        {output_dir}" + (f" (last checkpoint: {checkpoints[-1].name})" if checkpoints else ""))
+    lines.append(
+        f"  model:        {output_dir}" + (f" (last checkpoint: {checkpoints[-1].name})" if checkpoints else "")
+    )
     if metrics_path.exists():
         rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
         rows = [r for r in rows if "tools/call_rate" in r]

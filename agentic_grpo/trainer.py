@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from trl import GRPOTrainer
 
-from agentic_grpo.backends import GenerationBackend, TransformersBackend
+from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat, load_format
@@ -38,6 +39,14 @@ def load_environment(path: str) -> type[ToolEnvironment]:
         raise PluginError(f"environment `{path}` has no tools: add public methods with type hints and docstrings")
     cls.tool_schemas()  # raises, naming the tool, when a docstring or hint is missing
     return cls
+
+
+def make_sandbox_pool(config: AgenticGRPOConfig, rank: int) -> Any:
+    """The sandbox slot pool for code-running tools, as the recipe configures it (one per process)."""
+    from agentic_grpo.sandbox import SandboxConfig, SandboxPool
+
+    sandbox = SandboxConfig(mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb)
+    return SandboxPool(sandbox, rank=rank)
 
 
 class AgenticGRPOTrainer(GRPOTrainer):
@@ -79,7 +88,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
             rollout_func=self._rollout, **kwargs,
         )  # fmt: skip
-        self.sandbox_pool = self._make_sandbox_pool() if environment_cls.needs_sandbox else None
+        self.sandbox_pool = (
+            make_sandbox_pool(args, self.accelerator.process_index) if environment_cls.needs_sandbox else None
+        )
         self.rollout_manager = RolloutManager(
             environment_factory,
             self.trajectory_format,
@@ -100,14 +111,6 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self._rewards_per_func: torch.Tensor | None = None
         self.add_callback(RunFilesCallback(self))
 
-    def _make_sandbox_pool(self) -> Any:
-        from agentic_grpo.sandbox import SandboxConfig, SandboxPool
-
-        config = SandboxConfig(
-            mode=self.args.sandbox, timeout_s=self.args.tool_timeout, memory_mb=self.args.sandbox_memory_mb
-        )
-        return SandboxPool(config, rank=self.accelerator.process_index)
-
     # --- one generation: rows in, trajectories out -------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,7 +122,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         return output
 
     def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
-        backend = self.generation_backend or TransformersBackend(self)
+        backend = self.generation_backend or TrainerBackend(self)
         trajectories, stats = self.rollout_manager.rollout(prompts, self._rows, backend)
         self._trajectories = trajectories
         self._log_rollout(trajectories, stats)
@@ -193,7 +196,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
             record = trajectory.to_dict()
             row = self._rows[i] if i < len(self._rows) else {}
             record["row"] = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
-            per_func = {name: (None if torch.isnan(r) else float(r)) for name, r in zip(names, rewards[i])}
+            per_func = {
+                name: (None if torch.isnan(r) else float(r)) for name, r in zip(names, rewards[i], strict=False)
+            }
             record["rewards"] = per_func
             record["reward"] = float(torch.nansum(rewards[i] * weights))
             if advantages is not None and i < len(advantages):

@@ -174,7 +174,8 @@ class LLMJudge:
                 ) from error
 
     def __repr__(self) -> str:
-        return f"LLMJudge(name={self.__name__!r}, mode={self.mode!r}, backend={self.backend!r}, rubric={self.rubric_path})"
+        name, rubric = self.__name__, self.rubric_path
+        return f"LLMJudge(name={name!r}, mode={self.mode!r}, backend={self.backend!r}, rubric={rubric})"
 
     async def __call__(
         self,
@@ -217,14 +218,14 @@ class LLMJudge:
             cached = self._cache_get(text)
             if cached is not None:
                 step["cache_hits"] += len(members)
-                for i, score in zip(members, cached):
+                for i, score in zip(members, cached, strict=True):
                     scores[i] = score
             else:
                 pending.setdefault(text, []).append(members)
 
         texts = list(pending)
         replies: list[JudgeReply] = await self.backend.complete_many(texts) if texts else []
-        for text, reply in zip(texts, replies):
+        for text, reply in zip(texts, replies, strict=True):
             step["calls"] += 1
             step["retries"] += reply.retries
             latencies.append(reply.seconds)
@@ -244,7 +245,7 @@ class LLMJudge:
             else:
                 self._cache_put(text, parsed)
             for members in pending[text]:
-                for i, score in zip(members, parsed):
+                for i, score in zip(members, parsed, strict=True):
                     scores[i] = score
 
         for key, value in step.items():
@@ -353,7 +354,7 @@ def _clip(text: str, limit: int) -> str:
 
 def _consecutive_groups(questions: list[str], prompts: list[Any]) -> list[list[int]]:
     """Indices of consecutive completions of the same query (TRL repeats each prompt G times in a row)."""
-    keys = [json.dumps([q, p], sort_keys=True, default=str) for q, p in zip(questions, prompts)]
+    keys = [json.dumps([q, p], sort_keys=True, default=str) for q, p in zip(questions, prompts, strict=True)]
     groups: list[list[int]] = []
     for i, key in enumerate(keys):
         if groups and keys[groups[-1][0]] == key:

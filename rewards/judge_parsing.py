@@ -49,10 +49,9 @@ def parse_score(text: str, low: float = 0.0, high: float = 10.0) -> float | None
         value = _score_of(obj)
         if value is not None:
             return normalise(value, low, high)
-    match = None
-    for match in _LABELLED.finditer(text):
-        pass
-    if match:
+    labelled = list(_LABELLED.finditer(text))
+    if labelled:
+        match = labelled[-1]
         return normalise(float(match["value"]), low, high, _float_or_none(match["denominator"]))
     return None
 

@@ -58,8 +58,11 @@ class Correctness:
         timeout = 5 if threading.current_thread() is threading.main_thread() else None
         try:
             return bool(
-                verify(parse(str(gold), parsing_timeout=timeout), parse(predicted, parsing_timeout=timeout),
-                       timeout_seconds=timeout)
+                verify(
+                    parse(str(gold), parsing_timeout=timeout),
+                    parse(predicted, parsing_timeout=timeout),
+                    timeout_seconds=timeout,
+                )
             )
         except Exception:  # noqa: BLE001 - an unparsable answer is a wrong answer
             return False

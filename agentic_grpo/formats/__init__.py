@@ -35,6 +35,12 @@ class TrajectoryFormat(Protocol):
     stop: list[str]
     """Strings that end a model turn (besides EOS), e.g. "Observation:" for ReAct."""
 
+    response_prefix: str
+    """Text the model's answer starts with; part of the prompt, never trained ("" for none)."""
+
+    def prompt_messages(self, question: str) -> list[dict[str, str]]:
+        """The chat that opens a trajectory for `question` (system prompt, examples, question)."""
+
     def system_prompt(self, tool_schemas: list[dict[str, Any]]) -> str:
         """The system message that describes the tools and the format."""
 
@@ -45,7 +51,10 @@ class TrajectoryFormat(Protocol):
         """The text that shows `result` to the model; `after_stop` is True when the turn ended on a stop string."""
 
 
-FORMATS = {"react": "agentic_grpo.formats.react:ReActFormat"}
+FORMATS = {
+    "react": "agentic_grpo.formats.react:ReActFormat",
+    "artist": "agentic_grpo.formats.artist:ArtistFormat",
+}
 
 
 def load_format(name: str, tool_schemas: list[dict[str, Any]], **kwargs: Any) -> TrajectoryFormat:

@@ -43,6 +43,10 @@ class ReActFormat:
         tool_schemas: JSON schemas of the tools (from `ToolEnvironment.tool_schemas()`).
         instructions: system prompt template with `{tools}` and `{tool_names}` placeholders.
         examples: worked examples appended to the system prompt (few-shot), as plain text.
+        example_turns: worked examples given as earlier chat turns instead: a list of
+            `{question: ..., response: ...}`, rendered as user/assistant message pairs.
+        response_prefix: text the model's answer starts with (part of the prompt, never
+            trained), e.g. "Thought:" to start it in the format.
     """
 
     stop = ["Observation:"]
@@ -52,6 +56,8 @@ class ReActFormat:
         tool_schemas: list[dict[str, Any]],
         instructions: str | None = None,
         examples: list[str] | None = None,
+        example_turns: list[dict[str, str]] | None = None,
+        response_prefix: str = "",
     ) -> None:
         self.tool_schemas = {s["function"]["name"]: s["function"] for s in tool_schemas}
         self.instructions = instructions or DEFAULT_INSTRUCTIONS
@@ -59,6 +65,20 @@ class ReActFormat:
             if placeholder not in self.instructions:
                 raise ValueError(f"ReAct instructions need a {placeholder} placeholder")
         self.examples = list(examples or [])
+        self.example_turns = list(example_turns or [])
+        for turn in self.example_turns:
+            if not isinstance(turn, dict) or set(turn) != {"question", "response"}:
+                raise ValueError("each of ReAct's `example_turns` needs exactly `question` and `response`")
+        self.response_prefix = response_prefix
+
+    def prompt_messages(self, question: str) -> list[dict[str, str]]:
+        """The chat that opens a trajectory: system prompt, example turns, then the question."""
+        messages = [{"role": "system", "content": self.system_prompt()}]
+        for turn in self.example_turns:
+            messages.append({"role": "user", "content": turn["question"].strip()})
+            messages.append({"role": "assistant", "content": turn["response"].strip()})
+        messages.append({"role": "user", "content": question})
+        return messages
 
     def system_prompt(self, tool_schemas: list[dict[str, Any]] | None = None) -> str:
         schemas = [s["function"] for s in tool_schemas] if tool_schemas else list(self.tool_schemas.values())
@@ -125,7 +145,11 @@ class ReActFormat:
         # A tool with one argument may be called with the bare value: `Action Input: 12 * 7`.
         params = self.tool_schemas.get(name, {}).get("parameters", {}).get("properties", {})
         if len(params) == 1 and raw:
-            (key, prop), = params.items()
+            ((key, prop),) = params.items()
+            # Almost-JSON such as {"expression": 12 * 7}: take the value as written.
+            loose = re.fullmatch(r'\{\s*"?' + re.escape(key) + r'"?\s*:\s*(.*?)\s*\}', raw, re.DOTALL)
+            if loose:
+                raw = loose.group(1)
             if prop.get("type") == "string":
                 return {key: raw.strip("'\"")}
             try:

@@ -1,0 +1,157 @@
+"""The `agentic-grpo` command: train, eval, show, sandbox."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="agentic-grpo",
+        description="Train LLM agents with GRPO on multi-turn tool-use trajectories.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = commands.add_parser(
+        "train",
+        help="train with a recipe (the CPU demo without arguments)",
+        description="Train with a recipe: agentic-grpo train --config recipes/X.yaml [--field value ...]. "
+        "Every recipe field can be overridden on the command line; `agentic-grpo train --help` lists them.",
+        add_help=False,
+    )
+    train.add_argument("args", nargs=argparse.REMAINDER, help="recipe arguments")
+    train.set_defaults(func=_train)
+
+    evaluate = commands.add_parser(
+        "eval",
+        help="held-out accuracy of a model or checkpoint with a recipe's tools and rewards",
+        description="Evaluate a model (directory, checkpoint, LoRA adapter, alias or hub id) on the recipe's test "
+        "split, or on --data FILE.jsonl with `question` and `answer` per line. Prints and writes JSON.",
+    )
+    evaluate.add_argument("--model", required=True, help="model directory, checkpoint, LoRA adapter or alias")
+    evaluate.add_argument("--recipe", required=True, help="recipe YAML: tools, format, rewards and data")
+    evaluate.add_argument("--split", default="test", choices=["test", "train"], help="recipe split to use")
+    evaluate.add_argument("--data", help="JSONL file with `question` and `answer` per line, instead of the recipe's")
+    evaluate.add_argument("-k", type=int, default=1, help="samples per question: 1 = greedy pass@1, k>1 = pass@k")
+    evaluate.add_argument("--temperature", type=float, default=0.7, help="sampling temperature for k > 1")
+    evaluate.add_argument("--limit", type=int, help="evaluate only the first N questions")
+    evaluate.add_argument("--batch-size", type=int, default=16, help="trajectories generated at once")
+    evaluate.add_argument("--output", help="where to write the JSON report (default: next to the model)")
+    evaluate.set_defaults(func=_eval)
+
+    show = commands.add_parser(
+        "show",
+        help="print trajectories of a run",
+        description="Print trajectories from a run's output directory or a trajectories/step_N.jsonl file.",
+    )
+    show.add_argument("path", help="output directory or trajectory file")
+    show.add_argument("--step", type=int, help="step to show (default: the last saved)")
+    show.add_argument("--index", type=int, help="show only this trajectory of the step")
+    show.add_argument("--limit", type=int, default=4, help="trajectories to show (default 4)")
+    show.set_defaults(func=_show)
+
+    try:
+        from agentic_grpo.sandbox.cli import add_sandbox_parser
+    except ImportError:  # the sandbox package is optional only while it is being installed
+        pass
+    else:
+        add_sandbox_parser(commands)
+
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return args.func(args)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from agentic_grpo.train import main as train_main
+
+    return train_main(args.args)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from datasets import load_dataset
+
+    from agentic_grpo.config import read_recipe
+    from agentic_grpo.data import check_columns, load_task_data
+    from agentic_grpo.evaluate import evaluate, load_policy, write_report
+    from agentic_grpo.train import build_rewards
+
+    try:
+        recipe, config, _ = read_recipe(["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
+        rewards, _ = build_rewards(recipe.rewards)
+        if args.data:
+            if not Path(args.data).is_file():
+                raise ValueError(f"--data file `{args.data}` does not exist")
+            rows = load_dataset("json", data_files=args.data, split="train")
+        else:
+            train, test = load_task_data(recipe.dataset)
+            rows = train if args.split == "train" else test
+            if rows is None:
+                raise ValueError(f"recipe `{args.recipe}` has no test split: pass --data or --split train")
+        check_columns(rows, ["question", "answer"], "evaluation data")
+        rows = list(rows)[: args.limit] if args.limit else list(rows)
+        if args.k < 1:
+            raise ValueError("-k must be at least 1")
+        model, tokenizer = load_policy(args.model)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    metrics, records = evaluate(
+        model, tokenizer, config, rewards, rows, k=args.k, temperature=args.temperature, batch_size=args.batch_size
+    )
+    metrics["model"] = args.model
+    output = args.output or (
+        str(Path(args.model) / "eval.json") if Path(args.model).is_dir() else "outputs/eval/eval.json"
+    )
+    write_report(output, metrics, records)
+    print(json.dumps(metrics, indent=2))
+    print(f"report: {output} (trajectories beside it)")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.text import Text
+
+    path = Path(args.path)
+    if path.is_dir():
+        files = sorted((path / "trajectories").glob("step_*.jsonl"))
+        if args.step is not None:
+            files = [f for f in files if f.name.startswith(f"step_{args.step:06d}")]
+        if not files:
+            print(f"error: no trajectory files under {path / 'trajectories'}", file=sys.stderr)
+            return 2
+        path = files[-1]
+    elif not path.is_file():
+        print(f"error: {path} does not exist", file=sys.stderr)
+        return 2
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    chosen = [records[args.index]] if args.index is not None else records[: args.limit]
+    console = Console()
+    console.print(f"[bold]{path}[/bold]: {len(records)} trajectories")
+    styles = {"model": "green", "tool": "yellow"}
+    for number, record in enumerate(chosen):
+        body = Text()
+        question = (record.get("row") or {}).get("question") or record.get("prompt")
+        body.append(f"Q: {question}\n", style="bold")
+        for segment in record["segments"][1:]:
+            body.append(segment["text"], style=styles.get(segment["role"], ""))
+        rewards = ", ".join(f"{k}={v}" for k, v in (record.get("rewards") or {}).items())
+        title = (
+            f"#{args.index if args.index is not None else number}  finish={record['finish_reason']}  "
+            f"answer={record.get('final_answer')!r}  gold={(record.get('row') or {}).get('answer')!r}  "
+            f"reward={record.get('reward')}  ({rewards})  advantage={record.get('advantage')}"
+        )
+        console.print(Panel(body, title=title, title_align="left"))
+    console.print("[green]model tokens (trained)[/green]  [yellow]tool output (not trained)[/yellow]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

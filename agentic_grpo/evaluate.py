@@ -1,0 +1,134 @@
+"""`agentic-grpo eval`: held-out accuracy with the same rollouts, tools and sandbox as training.
+
+No gradient, no trainer: the recipe's environment, format and rewards run through the
+`RolloutManager` on a model (a checkpoint, a LoRA adapter directory, or the untrained
+base). pass@1 decodes greedily; pass@k samples k trajectories per question. A
+trajectory is correct when the recipe's first reward (its correctness reward) gives
+it at least 1.0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from agentic_grpo.trajectory import Trajectory
+
+
+def load_policy(path: str) -> tuple[Any, Any]:
+    """Model and tokenizer from a model directory, hub id, alias, or LoRA adapter directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentic_grpo.models import resolve_model
+
+    adapter = Path(path) / "adapter_config.json"
+    if adapter.exists():
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return model.merge_and_unload(), tokenizer
+    resolved = resolve_model(path)
+    return AutoModelForCausalLM.from_pretrained(resolved), AutoTokenizer.from_pretrained(resolved)
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    config: Any,
+    rewards: list,
+    rows: list[dict[str, Any]],
+    k: int = 1,
+    temperature: float = 0.7,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Metrics over `rows` and one record per trajectory; greedy when k == 1, sampling otherwise."""
+    from transformers import GenerationConfig
+
+    from agentic_grpo.backends import TransformersBackend
+    from agentic_grpo.formats import load_format
+    from agentic_grpo.rollout import RolloutLimits, RolloutManager
+    from agentic_grpo.trainer import load_environment, make_sandbox_pool
+
+    environment = load_environment(config.environment)
+    trajectory_format = load_format(config.format, environment.tool_schemas(), **config.format_kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    eos = model.generation_config.eos_token_id
+    eos_ids = sorted({tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else (eos or []))})
+    sampling = k > 1
+    generation_config = GenerationConfig(
+        do_sample=sampling,
+        temperature=temperature if sampling else None,
+        top_p=config.top_p if sampling else None,
+        top_k=None,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_ids,
+    )
+    pool = make_sandbox_pool(config, rank=0) if environment.needs_sandbox else None
+    env_kwargs = dict(config.environment_kwargs or {})
+    manager = RolloutManager(
+        lambda: environment(**env_kwargs),
+        trajectory_format,
+        tokenizer,
+        RolloutLimits(
+            max_turns=config.max_turns,
+            max_tokens_per_turn=config.max_tokens_per_turn,
+            max_completion_tokens=config.max_completion_length,
+            max_tool_output_tokens=config.max_tool_output_tokens,
+            tool_timeout=config.tool_timeout,
+            tool_workers=config.tool_workers,
+        ),
+        sandbox_pool=pool,
+    )
+    backend = TransformersBackend(model.eval(), tokenizer, generation_config, eos_ids)
+    repeated = [row for row in rows for _ in range(k)]
+    trajectories: list[Trajectory] = []
+    try:
+        for start in tqdm(range(0, len(repeated), batch_size), desc="eval", disable=not progress):
+            chunk = repeated[start : start + batch_size]
+            prompts = [trajectory_format.prompt_messages(str(r["question"])) for r in chunk]
+            done, _ = manager.rollout(prompts, chunk, backend)
+            trajectories.extend(done)
+    finally:
+        manager.close()
+        if pool is not None:
+            pool.close()
+
+    columns = {key: [r.get(key) for r in repeated] for key in repeated[0]} if repeated else {}
+    scores = rewards[0](prompts=[None] * len(trajectories), completions=[None] * len(trajectories),
+                        trajectory=trajectories, **columns)  # fmt: skip
+    correct = [s is not None and s >= 1.0 for s in scores]
+    per_question = [any(correct[i * k : (i + 1) * k]) for i in range(len(rows))]
+    calls = [r for t in trajectories for _, r in t.tool_calls]
+    n = max(1, len(trajectories))
+    metrics = {
+        "questions": len(rows),
+        "k": k,
+        "accuracy": sum(correct) / n,
+        f"pass@{k}": sum(per_question) / max(1, len(rows)),
+        "tool_call_rate": sum(bool(t.tool_calls) for t in trajectories) / n,
+        "tool_calls_per_trajectory": len(calls) / n,
+        "tool_error_rate": sum(not r.ok for r in calls) / len(calls) if calls else 0.0,
+        "turns_mean": sum(t.turns for t in trajectories) / n,
+        "tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
+        "invalid_rate": sum(t.invalid for t in trajectories) / n,
+    }
+    records = [
+        {**t.to_dict(), "answer": row.get("answer"), "correct": ok}
+        for t, row, ok in zip(trajectories, repeated, correct, strict=True)
+    ]
+    return metrics, records
+
+
+def write_report(path: str | Path, metrics: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metrics, indent=2) + "\n")
+    with path.with_suffix(".trajectories.jsonl").open("w") as f:
+        for record in records:
+            f.write(json.dumps(record, default=str) + "\n")

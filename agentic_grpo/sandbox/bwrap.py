@@ -1,0 +1,170 @@
+"""Command lines of the two spawners: bubblewrap (layer 1) and the Landlock launcher (layer 2, unsafe-local).
+
+Each returns the argv the trainer starts; limits that need code in the child (rlimits,
+Landlock, seccomp, dropping to the slot uid) are done by small exec-chained programs
+(`setpriv`, `prlimit`, `launcher.py`) because a threaded trainer must not use `preexec_fn`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .config import SandboxConfig
+
+LAUNCHER = str(Path(__file__).resolve().with_name("launcher.py"))
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# /etc entries programs need to start (loader, users, locale, certificates); never shadow, keys or the rest.
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/localtime",
+    "/etc/alternatives",
+    "/etc/ssl/certs",
+    "/etc/ca-certificates",
+    "/etc/mime.types",
+    "/etc/os-release",
+    "/etc/python3",
+    f"/etc/python3.{sys.version_info.minor}",
+)
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+def interpreter_paths() -> list[str]:
+    """Directories the trainer's interpreter needs (venv and base install), made read-only in slots."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths.add(str(Path(sys.executable).parent))
+    paths.add(str(Path(sys.executable).resolve().parent.parent))
+    covered = [p for p in sorted(paths) if p and os.path.exists(p)]
+    system = tuple(os.path.realpath(d) for d in SYSTEM_DIRS)
+    keep: list[str] = []
+    for path in covered:
+        if any(path == s or path.startswith(s + "/") for s in system):
+            continue
+        if any(path.startswith(k + "/") for k in keep):
+            continue
+        keep.append(path)
+    return keep
+
+
+def environment(workspace: str) -> dict[str, str]:
+    """The whole environment a sandboxed command sees: nothing inherited from the trainer."""
+    return {
+        "PATH": SAFE_PATH,
+        "HOME": workspace,
+        "TMPDIR": workspace,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "MPLBACKEND": "Agg",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+def rlimits(config: SandboxConfig, timeout: float, memory_mb: int) -> dict[str, int]:
+    """The rlimits of a command, as prlimit/launcher names them."""
+    return {
+        "as": memory_mb * 1024 * 1024,
+        "cpu": max(1, math.ceil(timeout) + 1),
+        "nproc": config.max_processes,
+        "fsize": config.max_file_mb * 1024 * 1024,
+        "nofile": config.max_open_files,
+        "core": 0,
+    }
+
+
+def prlimit_argv(limits: dict[str, int]) -> list[str]:
+    return [shutil.which("prlimit") or "prlimit", *(f"--{k}={v}" for k, v in limits.items()), "--"]
+
+
+def setpriv_argv(uid: int, keep_read_cap: bool = False) -> list[str]:
+    """Drop to the slot uid with no groups, no capabilities (bounding set too) and no_new_privs."""
+    caps = ["--inh-caps=-all", "--bounding-set=-all"]
+    if keep_read_cap:
+        # Only when the trainer's interpreter lives under a directory the slot uid cannot search
+        # (e.g. pyenv under /root): reads stay confined by Landlock, handles are denied by seccomp.
+        caps = [
+            "--inh-caps=-all,+dac_read_search",
+            "--ambient-caps=+dac_read_search",
+            "--bounding-set=-all,+dac_read_search",
+        ]
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *caps, "--"]
+
+
+def bwrap_argv(
+    config: SandboxConfig, workspace: str, uid: int | None, limits: dict[str, int], command: list[str]
+) -> list[str]:
+    """bubblewrap: all namespaces, a read-only system, the workspace the only writable bind.
+
+    As root, bwrap runs privileged (no user namespace needed) and the command then drops to
+    the slot uid through setpriv inside; unprivileged, bwrap's user namespace maps the caller.
+    """
+    argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    if uid is None:
+        argv[1:2] = ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        argv += ["--unshare-cgroup-try", "--disable-userns", "--cap-drop", "ALL"]
+    else:
+        argv[1:2] = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    for key, value in environment(workspace).items():
+        argv += ["--setenv", key, value]
+    made: set[str] = set()
+
+    def parents(path: str) -> list[str]:
+        out = []
+        parent = os.path.dirname(path)
+        while parent not in ("/", "") and parent not in made:
+            out.append(parent)
+            parent = os.path.dirname(parent)
+        made.update(out)
+        return [arg for p in reversed(out) for arg in ("--perms", "0755", "--dir", p)]
+
+    for directory in SYSTEM_DIRS:
+        if os.path.islink(directory):
+            argv += ["--symlink", os.readlink(directory), directory]
+        elif os.path.isdir(directory):
+            argv += ["--ro-bind", directory, directory]
+        made.add(directory)
+    for path in [*ETC_FILES, *interpreter_paths(), *config.extra_ro_paths]:
+        if os.path.exists(path):
+            argv += parents(path) + ["--ro-bind", path, path]
+            made.add(path)
+    # /dev is remounted read-only below: its device nodes still work, /dev/shm cannot be written.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0555", "--dir", "/tmp"]
+    made.add("/tmp")
+    argv += parents(workspace) + ["--bind", workspace, workspace, "--chdir", workspace]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]
+    if uid is not None:
+        argv += setpriv_argv(uid)
+    return argv + prlimit_argv(limits) + list(command)
+
+
+def launcher_argv(
+    workspace: str,
+    uid: int | None,
+    limits: dict[str, int],
+    command: list[str],
+    *,
+    confine: bool,
+    keep_read_cap: bool = False,
+    extra_ro_paths: list[str] | None = None,
+) -> list[str]:
+    """The launcher (as the slot uid when root) with rlimits, and Landlock + seccomp when `confine`."""
+    spec: dict = {"argv": list(command), "cwd": workspace, "env": environment(workspace), "rlimits": limits}
+    if confine:
+        read = [*SYSTEM_DIRS, *ETC_FILES, *interpreter_paths(), *(extra_ro_paths or [])]
+        spec["landlock"] = {"read": read, "write": [workspace], "devices": list(DEVICES)}
+        spec["seccomp"] = True
+    argv = setpriv_argv(uid, keep_read_cap) if uid is not None else []
+    return argv + [sys.executable, "-I", "-S", LAUNCHER, json.dumps(spec)]

@@ -1,0 +1,167 @@
+"""The in-slot launcher of the Landlock and unsafe-local layers: a tiny process between trainer and code.
+
+The trainer is threaded, so it cannot use `preexec_fn` to set limits in its children. It
+starts this script instead (`python -I -S launcher.py SPEC_JSON`), which, single-threaded:
+becomes a child subreaper (orphans and setsid grandchildren re-parent to it), forks the
+command with rlimits, a new session, Landlock and seccomp applied, waits for it, and then
+kills every descendant that is left, so nothing outlives a call. On SIGTERM (the trainer's
+wall timeout) it does the same cleanup. Standard library only: it runs without `site`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
+import landlock  # noqa: E402 - the sibling module, loaded as a top-level one (no package, no site)
+
+_RLIMITS = {
+    "as": resource.RLIMIT_AS,
+    "cpu": resource.RLIMIT_CPU,
+    "nproc": resource.RLIMIT_NPROC,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+    "core": resource.RLIMIT_CORE,
+}
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise _Stop
+
+
+def _children() -> list[int]:
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        # No CONFIG_PROC_CHILDREN: scan /proc for processes whose parent is us.
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        stat = f.read()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+        return found
+
+
+def _reap_all() -> None:
+    """Kill every descendant: killing a child re-parents its own children to us, so loop until none is left."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        for child in _children():
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _children() -> list[int]:
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        # No CONFIG_PROC_CHILDREN: scan /proc for processes whose parent is us.
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        stat = f.read()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+        return found
+
+
+def _reap_all() -> None:
+    """Kill every descendant: killing a child re-parents its own children to us, so loop until none is left."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for _ in range(10000):
+        children = _children()
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            if not children:
+                return
+        if not children:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
+
+
+def _child(spec: dict) -> None:
+    try:
+        os.setsid()
+        landlock.set_parent_death_signal(signal.SIGKILL)
+        for name, value in spec.get("rlimits", {}).items():
+            resource.setrlimit(_RLIMITS[name], (value, value))
+        os.chdir(spec["cwd"])
+        fs = spec.get("landlock")
+        if fs is not None:
+            landlock.restrict(fs["read"], fs["write"], fs["devices"])
+        if spec.get("seccomp"):
+            landlock.install_seccomp()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+    except BaseException as exc:  # noqa: BLE001 - report any setup failure as the command's error
+        try:
+            os.write(2, f"sandbox: cannot run {spec['argv'][0]!r}: {exc}\n".encode())
+        finally:
+            os._exit(127)
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    landlock.set_child_subreaper()
+    landlock.set_parent_death_signal(signal.SIGTERM)  # trainer gone: clean up and leave
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    status = None
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _child(spec)
+        while True:
+            reaped, status = os.waitpid(-1, 0)
+            if reaped == pid:
+                break
+    except _Stop:
+        status = None
+    finally:
+        _reap_all()
+    if status is None:
+        os._exit(137)
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))  # the shell's (and bwrap's) convention for "killed by signal N"
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    main()

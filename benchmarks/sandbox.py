@@ -1,0 +1,92 @@
+"""Sandbox overhead and throughput: prints JSON.
+
+Per-call latency of `python -c pass` (the trainer's interpreter) bare and in a sandbox slot
+(median of --calls), their ratio, and executions per second with 1, 8 and 64 slots running
+at once (each slot in its own thread, as the rollout manager does). Not a test: numbers
+depend on the machine and its load.
+
+    python benchmarks/sandbox.py [--mode auto] [--calls 20] [--per-slot 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentic_grpo.sandbox import SandboxConfig, SandboxPool  # noqa: E402
+
+COMMAND = [sys.executable, "-c", "pass"]
+
+
+def bare_call() -> float:
+    start = time.perf_counter()
+    subprocess.run(COMMAND, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def throughput(pool: SandboxPool, slots: int, per_slot: int) -> float:
+    def worker(_: int) -> int:
+        slot = pool.acquire()
+        try:
+            for _ in range(per_slot):
+                assert slot.run(COMMAND).exit_code == 0
+            return per_slot
+        finally:
+            pool.release(slot)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=slots) as ex:
+        done = sum(ex.map(worker, range(slots)))
+    return done / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", default="auto")
+    parser.add_argument("--calls", type=int, default=20, help="calls per latency median (at least 20)")
+    parser.add_argument("--per-slot", type=int, default=2, help="executions per slot in the throughput runs")
+    args = parser.parse_args()
+    pool = SandboxPool(SandboxConfig(mode=args.mode))
+    try:
+        bare_call()  # warm the page cache
+        bare = statistics.median(bare_call() for _ in range(max(args.calls, 20)))
+        with pool.acquire() as slot:
+            slot.run(COMMAND)
+
+            def sandboxed_call() -> float:
+                start = time.perf_counter()
+                assert slot.run(COMMAND).exit_code == 0
+                return time.perf_counter() - start
+
+            sandboxed = statistics.median(sandboxed_call() for _ in range(max(args.calls, 20)))
+        rates = {str(n): round(throughput(pool, n, args.per_slot), 1) for n in (1, 8, 64)}
+    finally:
+        pool.close()
+    print(
+        json.dumps(
+            {
+                "layer": pool.layer,
+                "command": "python -c pass",
+                "cpus": os.cpu_count(),
+                "bare_ms": round(bare * 1000, 2),
+                "sandboxed_ms": round(sandboxed * 1000, 2),
+                "overhead_ratio": round(sandboxed / bare, 2),
+                "executions_per_s": rates,
+                "targets": {"overhead_ratio_max": 2.5, "executions_per_s_at_64_min": 60},
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

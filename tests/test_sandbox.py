@@ -1,0 +1,164 @@
+"""The sandbox API the tools and the rollout manager use: slots, limits, results, the pool, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from agentic_grpo.sandbox import ExecResult, SandboxConfig, SandboxPool, SandboxUnavailable, probe
+from agentic_grpo.sandbox.cli import add_sandbox_parser
+
+probe_mod = importlib.import_module("agentic_grpo.sandbox.probe")  # the package exports the function `probe`
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = SandboxPool(SandboxConfig(timeout_s=10))
+    yield pool
+    pool.close()
+
+
+def test_run_python_output_exit_code_and_cwd(pool):
+    with pool.acquire() as slot:
+        result = slot.run_python("import os, sys; print(os.getcwd()); print('err', file=sys.stderr); sys.exit(3)")
+        assert isinstance(result, ExecResult)
+        assert result.stdout.strip() == str(slot.workspace)
+        assert result.stderr.strip() == "err"
+        assert result.exit_code == 3 and not result.timed_out and not result.truncated
+        assert set(result.to_dict()) == {"stdout", "stderr", "exit_code", "timed_out", "truncated", "seconds"}
+
+
+def test_environment_is_clean(pool, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-fake-trainer-secret")
+    with pool.acquire() as slot:
+        result = slot.run_python("import os; print(sorted(os.environ.items()))")
+    assert "sk-fake-trainer-secret" not in result.stdout
+    assert "OPENAI_API_KEY" not in result.stdout
+
+
+def test_stdin_and_run(pool):
+    with pool.acquire() as slot:
+        assert slot.run(["cat"], stdin="hello\n").stdout == "hello\n"
+        assert slot.run_python("print(input()[::-1])", stdin=b"abc\n").stdout == "cba\n"
+        assert slot.run_python("import os; os.kill(os.getpid(), 9)").exit_code == 128 + 9
+        missing = slot.run(["no-such-command-xyz"])
+        assert missing.exit_code not in (0, None)
+
+
+def test_workspace_persists_within_slot_and_is_removed_on_release(pool):
+    slot = pool.acquire()
+    assert slot.run_python("open('state.txt', 'w').write('42')").exit_code == 0
+    assert slot.run_python("print(open('state.txt').read())").stdout.strip() == "42"
+    assert (slot.workspace / "state.txt").read_text() == "42"
+    workspace = slot.workspace
+    pool.release(slot)
+    assert not workspace.exists()
+    with pytest.raises(RuntimeError):
+        slot.run(["true"])
+
+
+def test_fresh_workspace_per_slot(pool):
+    a, b = pool.acquire(), pool.acquire()
+    try:
+        assert a.workspace != b.workspace
+        assert list(a.workspace.iterdir()) == [] and list(b.workspace.iterdir()) == []
+        if os.geteuid() == 0:
+            assert a.uid is not None and a.uid != b.uid
+    finally:
+        pool.release(a)
+        pool.release(b)
+
+
+def test_timeout_and_overrides(pool):
+    with pool.acquire() as slot:
+        slow = slot.run_python("import time; time.sleep(60)", timeout=0.5)
+        assert slow.timed_out and slow.exit_code is None
+        big = slot.run_python("x = bytearray(300 * 1024 * 1024); print('ok')", memory_mb=150)
+        assert "MemoryError" in big.stderr and "ok" not in big.stdout
+        capped = slot.run_python("print('y' * 5000)", max_output_bytes=100)
+        assert capped.truncated and capped.stdout == "y" * 100
+
+
+def test_file_size_limit():
+    pool = SandboxPool(SandboxConfig(max_file_mb=1))
+    try:
+        with pool.acquire() as slot:
+            result = slot.run_python("open('big', 'wb').write(b'x' * (3 << 20))")
+            assert result.exit_code != 0
+            assert (slot.workspace / "big").stat().st_size <= 1 << 20
+    finally:
+        pool.close()
+
+
+def test_large_code_goes_through_a_file(pool):
+    code = "x = 0\n" + "x += 1\n" * 30_000 + "print(x)\n"
+    with pool.acquire() as slot:
+        assert slot.run_python(code).stdout.strip() == "30000"
+
+
+def test_concurrent_runs_from_many_threads(pool):
+    def one(i: int) -> tuple[int, str]:
+        slot = pool.acquire()
+        try:
+            return i, slot.run_python(f"print({i} * 2)").stdout.strip()
+        finally:
+            pool.release(slot)
+
+    with ThreadPoolExecutor(max_workers=12) as ex:
+        results = list(ex.map(one, range(24)))
+    assert all(out == str(i * 2) for i, out in results)
+    assert pool.live_slots == 0
+
+
+def test_unsafe_local_warns(caplog):
+    with caplog.at_level(logging.WARNING):
+        pool = SandboxPool(SandboxConfig(mode="unsafe-local"))
+    try:
+        assert pool.layer == "unsafe-local"
+        assert any("WITHOUT isolation" in r.getMessage() for r in caplog.records)
+    finally:
+        pool.close()
+
+
+def test_unavailable_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(probe_mod, "_CACHE", {})
+    monkeypatch.setattr(probe_mod.landlock, "abi_version", lambda: 0)
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        SandboxPool(SandboxConfig(mode="landlock"))
+
+
+def test_probe_reports_what_protections_rest_on():
+    report = probe(SandboxConfig())
+    assert report.layer in ("bwrap", "landlock")
+    for key in ("filesystem", "network", "processes", "timeout"):
+        assert report.protections[key]
+    assert report.layer in report.format()
+
+
+def test_bad_mode_rejected():
+    with pytest.raises(ValueError):
+        SandboxConfig(mode="docker")
+
+
+def test_cli_exec_prints_json(capsys):
+    parser = argparse.ArgumentParser()
+    add_sandbox_parser(parser.add_subparsers())
+    args = parser.parse_args(["sandbox", "exec", "--timeout", "5", "--max-output", "3", "--", "echo", "hello"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stdout"] == "hel" and out["truncated"] and out["exit_code"] == 0 and not out["timed_out"]
+
+
+def test_python_interpreter_tool_runs_in_a_slot(pool):
+    from tools.python import PythonInterpreter
+
+    with pool.acquire() as slot:
+        tool = PythonInterpreter()
+        tool.sandbox, tool.workspace, tool.tool_timeout = slot, slot.workspace, 5
+        assert tool.python("import os; print(os.getcwd())").output == str(slot.workspace)

@@ -1,0 +1,55 @@
+"""The ids the model sampled are the ids trained on: no decode/re-encode anywhere in between."""
+
+from __future__ import annotations
+
+from datasets import Dataset
+
+from agentic_grpo.backends import TrainerBackend
+from agentic_grpo.config import AgenticGRPOConfig
+from agentic_grpo.trainer import AgenticGRPOTrainer
+
+
+def zero(prompts, completions, **_):
+    return [0.0] * len(prompts)
+
+
+def test_model_segments_are_exactly_the_sampled_ids(tiny_model_dir, tmp_path):
+    question = [{"role": "user", "content": "What is 123 * 45?"}]
+    rows = [{"prompt": question, "question": "q", "answer": "5535"}] * 4
+    config = AgenticGRPOConfig(
+        output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, max_completion_length=64,
+        max_tokens_per_turn=16, max_turns=3, gradient_checkpointing=False, report_to=[], save_strategy="no",
+        save_trajectories_steps=0, seed=0,
+    )  # fmt: skip
+    trainer = AgenticGRPOTrainer(
+        model=tiny_model_dir, reward_funcs=[zero], args=config, train_dataset=Dataset.from_list(rows)
+    )
+    raw_outputs = []
+    model = trainer.model
+    original_generate = model.generate
+
+    def recording_generate(*args, **kwargs):
+        output = original_generate(*args, **kwargs)
+        raw_outputs.append((kwargs["input_ids"].shape[1], output.tolist()))
+        return output
+
+    model.generate = recording_generate
+    trainer.generation_backend = TrainerBackend(trainer)
+    trainer.model.train()
+    inputs = trainer._generate_and_score_completions(rows)
+
+    # Every model segment is a prefix of what `generate` returned for that row in that turn.
+    sampled = [[row[width:] for row in output] for width, output in raw_outputs]
+    for row, trajectory in enumerate(trainer._trajectories):
+        model_segments = [s for s in trajectory.segments if s.role == "model"]
+        assert model_segments, "each trajectory has at least one model turn"
+        for turn, segment in enumerate(model_segments):
+            candidates = sampled[turn]
+            assert any(ids[: len(segment.token_ids)] == segment.token_ids for ids in candidates)
+        n = len(trajectory.completion_ids)
+        assert inputs["completion_ids"][row, :n].tolist() == trajectory.completion_ids
+    # And the first turn, where every row is live, matches row by row.
+    first_turn = sampled[0]
+    for row, trajectory in enumerate(trainer._trajectories):
+        segment = trajectory.segments[1]
+        assert first_turn[row][: len(segment.token_ids)] == segment.token_ids

@@ -1,0 +1,118 @@
+"""End to end through `train.py`: two real GRPO steps of the CI recipe on a tiny random model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+METRICS = [
+    "reward", "reward_std", "rewards/correctness/mean", "rewards/format/mean", "kl", "tokens/trainable_ratio",
+    "tools/calls_per_trajectory", "tools/error_rate", "tools/timeout_rate", "tools/truncated_rate",
+    "trajectories/invalid_rate", "trajectories/turns_mean", "time/generation", "time/tools", "time/reward",
+    "time/step",
+]  # fmt: skip
+
+
+def train(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AGENTIC_GRPO_CACHE": str(cwd / ".model-cache"), "WANDB_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "ci"
+    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def test_two_steps_write_metrics_with_the_listed_names(ci_run):
+    out, _ = ci_run
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for name in METRICS:
+        assert name in steps[0], name
+    assert 0 < steps[0]["tokens/trainable_ratio"] <= 1
+
+
+def test_trajectory_files_hold_segments_rewards_and_advantages(ci_run):
+    out, _ = ci_run
+    files = sorted((out / "trajectories").glob("step_*.jsonl"))
+    assert [f.name for f in files] == ["step_000001.jsonl", "step_000002.jsonl"]
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    assert len(records) == 4  # one question x G=4
+    first = records[0]
+    assert first["segments"][0]["role"] == "prompt" and first["segments"][1]["role"] == "model"
+    assert set(first["rewards"]) == {"correctness", "format"} and "advantage" in first
+    assert first["row"]["answer"].isdigit()
+
+
+def test_run_is_marked_completed_with_a_checkpoint_and_summary(ci_run):
+    out, result = ci_run
+    assert json.loads((out / "run.json").read_text())["status"] == "completed"
+    assert (out / "checkpoint-2" / "model.safetensors").exists()
+    assert (out / "model.safetensors").exists()
+    assert "Run finished. Outputs in" in result.stdout and str(out) in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (["--max_turn", "3"], "max_turn"),
+        (["--model_name_or_path", "./no/such/model"], "does not exist"),
+        (["--environment", "no_such_module:Tools"], "cannot import module `no_such_module`"),
+        (["--environment", "tools.calculator:Nope"], "has no `Nope`"),
+    ],
+)
+def test_bad_command_line_stops_before_any_output(tmp_path, override, message):
+    out = tmp_path / "out"
+    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), *override, cwd=ROOT, timeout=120)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not out.exists()
+
+
+def write_recipe(tmp_path: Path, **changes) -> Path:
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / "recipes" / "ci_tiny.yaml").read_text())
+    recipe.update(changes)
+    recipe["output_dir"] = str(tmp_path / "out")
+    for key in [k for k, v in changes.items() if v is None]:
+        recipe.pop(key)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_mistyped_recipe_field_is_named_with_a_suggestion(tmp_path):
+    result = train("--config", str(write_recipe(tmp_path, max_turn=3)), timeout=120)
+    assert result.returncode == 2
+    assert "field `max_turn` is not known; did you mean `max_turns`?" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_dataset_without_needed_columns_is_refused(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "What is 2*3?", "solution": "6"}\n' * 8)
+    recipe = write_recipe(tmp_path, dataset={"path": "json", "data_files": str(data)})
+    result = train("--config", str(recipe), timeout=120)
+    assert result.returncode == 2
+    assert "lack column(s) ['answer']" in result.stderr and "solution" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_reward_type_is_refused(tmp_path):
+    recipe = write_recipe(tmp_path, rewards=[{"type": "rewards.rules:Corectness"}])
+    result = train("--config", str(recipe), timeout=120)
+    assert result.returncode == 2 and "has no `Corectness`" in result.stderr
