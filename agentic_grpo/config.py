@@ -77,6 +77,8 @@ class AgenticGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         if self.bf16 is None:  # TRL defaults to bf16, which a CPU refuses
             self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        if not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinning needs an accelerator; without one it only warns
         super().__post_init__()
         for name in ("environment_kwargs", "format_kwargs"):
             value = getattr(self, name)

@@ -75,14 +75,7 @@ def evaluate(
         lambda: environment(**env_kwargs),
         trajectory_format,
         tokenizer,
-        RolloutLimits(
-            max_turns=config.max_turns,
-            max_tokens_per_turn=config.max_tokens_per_turn,
-            max_completion_tokens=config.max_completion_length,
-            max_tool_output_tokens=config.max_tool_output_tokens,
-            tool_timeout=config.tool_timeout,
-            tool_workers=config.tool_workers,
-        ),
+        RolloutLimits.from_config(config),
         sandbox_pool=pool,
     )
     backend = TransformersBackend(model.eval(), tokenizer, generation_config, eos_ids)

@@ -37,6 +37,18 @@ class RolloutLimits:
     tool_timeout: float = 10.0
     tool_workers: int = 16
 
+    @classmethod
+    def from_config(cls, config: Any) -> RolloutLimits:
+        """The limits an `AgenticGRPOConfig` sets (its `max_completion_length` is the trajectory budget)."""
+        return cls(
+            max_turns=config.max_turns,
+            max_tokens_per_turn=config.max_tokens_per_turn,
+            max_completion_tokens=config.max_completion_length,
+            max_tool_output_tokens=config.max_tool_output_tokens,
+            tool_timeout=config.tool_timeout,
+            tool_workers=config.tool_workers,
+        )
+
 
 @dataclass
 class RolloutStats:

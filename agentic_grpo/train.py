@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,9 @@ def build_rewards(specs: Any) -> tuple[list[Callable], list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # transformers 5 renamed `gradient_checkpointing`; TRL's config still sets the old name,
+    # and the warning would greet every user at every start.
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["--config", str(DEFAULT_RECIPE)]

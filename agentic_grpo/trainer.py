@@ -95,14 +95,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
             environment_factory,
             self.trajectory_format,
             self.processing_class,
-            RolloutLimits(
-                max_turns=args.max_turns,
-                max_tokens_per_turn=args.max_tokens_per_turn,
-                max_completion_tokens=args.max_completion_length,
-                max_tool_output_tokens=args.max_tool_output_tokens,
-                tool_timeout=args.tool_timeout,
-                tool_workers=args.tool_workers,
-            ),
+            RolloutLimits.from_config(args),
             sandbox_pool=self.sandbox_pool,
         )
         self.generation_backend = generation_backend

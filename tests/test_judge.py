@@ -140,7 +140,9 @@ def test_group_mode_judges_each_run_of_one_query_in_one_call(proxy):
     scores, metrics = run(judge_for(proxy, mode="group"), reward_inputs(questions, answers=["42"] * 5))
     assert scores == [pytest.approx(0.2), pytest.approx(0.5), pytest.approx(0.9), pytest.approx(0.3), None]
     assert metrics["judge/calls"] == 2 and metrics["judge/parse_failures"] == 1
-    prompt = sent_prompt(proxy)
+    # The two group calls run concurrently: pick the first query's by content, not by arrival order.
+    prompts = [sent_prompt(proxy, i) for i in range(len(judge_requests(proxy)))]
+    [prompt] = [p for p in prompts if "Q-first" in p]
     assert "### Attempt 3" in prompt and "### Attempt 4" not in prompt and "exactly 3 scores" in prompt
 
 

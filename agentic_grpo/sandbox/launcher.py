@@ -60,41 +60,6 @@ def _children() -> list[int]:
 def _reap_all() -> None:
     """Kill every descendant: killing a child re-parents its own children to us, so loop until none is left."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    while True:
-        for child in _children():
-            try:
-                os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
-def _children() -> list[int]:
-    pid = os.getpid()
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        # No CONFIG_PROC_CHILDREN: scan /proc for processes whose parent is us.
-        found = []
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open(f"/proc/{name}/stat") as f:
-                        stat = f.read()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(name))
-        return found
-
-
-def _reap_all() -> None:
-    """Kill every descendant: killing a child re-parents its own children to us, so loop until none is left."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for _ in range(10000):
         children = _children()
         for child in children:
