@@ -1,4 +1,4 @@
-"""The `agentic-grpo` command: train, eval, show, sandbox."""
+"""The `agentic-grpo` command: train, eval, show, plot, sandbox."""
 
 from __future__ import annotations
 
@@ -52,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--index", type=int, help="show only this trajectory of the step")
     show.add_argument("--limit", type=int, default=4, help="trajectories to show (default 4)")
     show.set_defaults(func=_show)
+
+    plot = commands.add_parser(
+        "plot",
+        help="PNG curves (reward, accuracy, KL, tool use, trainable ratio) of a run",
+        description="Draw a run's metrics.jsonl as PNG curves in OUTPUT_DIR/plots/ (runs do it when they finish; "
+        "this works on a run still going, too).",
+    )
+    plot.add_argument("output_dir", help="the run's output directory (holds metrics.jsonl)")
+    plot.set_defaults(func=_plot)
 
     try:
         from agentic_grpo.sandbox.cli import add_sandbox_parser
@@ -111,6 +120,22 @@ def _eval(args: argparse.Namespace) -> int:
     write_report(output, metrics, records)
     print(json.dumps(metrics, indent=2))
     print(f"report: {output} (trajectories beside it)")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from agentic_grpo.plots import plot_run
+
+    try:
+        paths = plot_run(args.output_dir)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not paths:
+        print(f"error: {args.output_dir}/metrics.jsonl has no metric to plot yet", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
     return 0
 
 

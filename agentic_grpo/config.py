@@ -73,6 +73,30 @@ class AgenticGRPOConfig(GRPOConfig):
         default=1,
         metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},
     )
+    kl_preset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Adaptive KL controller preset: `tool_use`, `exploration` or `stable` (see "
+            "agentic_grpo.kl_control). Unset with no `kl_target`: a fixed `beta`."
+        },
+    )
+    kl_target: float | None = field(
+        default=None,
+        metadata={
+            "help": "Adaptive KL: the KL (per token) to hold. `beta` is multiplied by `kl_factor` when the measured "
+            "KL exceeds 1.5x this and divided when below 0.5x; logged as `kl_coef`. Needs beta > 0."
+        },
+    )
+    kl_factor: float | None = field(default=None, metadata={"help": "Adaptive KL: the multiplicative step (> 1)."})
+    kl_min: float | None = field(default=None, metadata={"help": "Adaptive KL: the lowest coefficient (> 0)."})
+    kl_max: float | None = field(default=None, metadata={"help": "Adaptive KL: the highest coefficient."})
+    wandb_mode: str | None = field(
+        default=None,
+        metadata={
+            "help": "Weights & Biases mode with `report_to: wandb`: `online`, `offline` (files under "
+            "`output_dir/wandb`, upload later with `wandb sync`) or `disabled`. Default: the WANDB_MODE variable."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.bf16 is None:  # TRL defaults to bf16, which a CPU refuses
@@ -88,6 +112,8 @@ class AgenticGRPOConfig(GRPOConfig):
                 setattr(self, name, {})
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
+        if self.wandb_mode not in (None, "online", "offline", "disabled"):
+            raise ValueError(f"wandb_mode must be `online`, `offline` or `disabled`, got `{self.wandb_mode}`")
 
 
 @dataclass

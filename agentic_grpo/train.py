@@ -7,8 +7,10 @@ with one message and leaves nothing behind that looks like a run.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -92,7 +94,9 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
     from agentic_grpo.models import resolve_model
     from agentic_grpo.trainer import load_environment
 
+    use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group
     recipe, config, model_config = read_recipe(argv)
+    check_scaling(config)
     set_seed(config.seed)
     model_path = resolve_model(model_config.model_name_or_path or "")
     environment = load_environment(config.environment)
@@ -141,7 +145,80 @@ def run(config: Any, model_path: str, rewards: list, train: Any, test: Any, peft
     if main_process:
         write_run_status(config.output_dir, "completed", minutes=round((time.time() - start) / 60, 2))
         print(summary(Path(config.output_dir)), flush=True)
+        try:
+            from agentic_grpo.plots import plot_run
+
+            pngs = plot_run(config.output_dir)
+            if pngs:
+                print(f"  plots:        {pngs[0].parent} ({', '.join(p.name for p in pngs)})", flush=True)
+        except Exception as exc:  # a missing plot must not turn a finished run into a failed one
+            logger.warning("plotting failed: %s", exc)
     return 0
+
+
+def use_cpu_when_distributed_without_gpu() -> None:
+    """Under `accelerate launch`/torchrun with several processes and no CUDA, run every process on CPU over gloo.
+
+    Without this each process sees no GPU and no `ACCELERATE_USE_CPU`, decides it is not
+    distributed, and N independent copies of the run write over each other's files.
+    """
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+
+
+def check_scaling(config: Any) -> None:
+    """Refuse launch set-ups that cannot work, before anything is written (one message each)."""
+    import torch
+
+    from agentic_grpo.kl_control import resolve_schedule
+
+    if config.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            "recipe asks for vLLM (`use_vllm: true`) but vllm is not installed: `pip install vllm` on a CUDA "
+            "machine, or set `use_vllm: false` to generate with transformers"
+        )
+    deepspeed = config.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    if deepspeed and not torch.cuda.is_available():
+        raise ValueError(
+            "DeepSpeed needs CUDA GPUs and this machine has none: drop `--deepspeed` / the DeepSpeed accelerate "
+            "config, or use accelerate_configs/cpu_2proc.yaml for several CPU processes"
+        )
+    processes = config.world_size
+    queries = config.generation_batch_size // config.num_generations
+    if processes > queries:
+        raise ValueError(
+            f"{processes} processes but only {queries} question(s) per generation step "
+            f"(per_device_train_batch_size {config.per_device_train_batch_size} x {processes} processes x "
+            f"steps_per_generation {config.steps_per_generation} / num_generations {config.num_generations}): "
+            "some processes would only hold part of a group; raise per_device_train_batch_size or "
+            "steps_per_generation, or launch fewer processes"
+        )
+    resolve_schedule(config.kl_preset, config.kl_target, config.kl_factor, config.kl_min, config.kl_max)
+    if (config.kl_preset or config.kl_target) and config.beta == 0:
+        raise ValueError("the adaptive KL controller (kl_preset/kl_target) needs beta > 0: it scales beta")
+    resume = config.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("last", "true"):
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(config.output_dir) if Path(config.output_dir).is_dir() else None
+        if last is None:
+            raise ValueError(f"--resume_from_checkpoint {resume}: no checkpoint-N directory in `{config.output_dir}`")
+        config.resume_from_checkpoint = resume = last
+    if resume and not (Path(resume) / "trainer_state.json").is_file():
+        hint = "it does not exist" if not Path(resume).exists() else "it has no trainer_state.json"
+        raise ValueError(
+            f"--resume_from_checkpoint `{resume}` is not a checkpoint ({hint}): give a `checkpoint-N` directory "
+            "from a run's output_dir, or `last` for the newest one in output_dir"
+        )
+    if "wandb" in (config.report_to or []):
+        if importlib.util.find_spec("wandb") is None:
+            raise ValueError("recipe reports to W&B (`report_to: wandb`) but wandb is not installed: pip install wandb")
+        if config.wandb_mode:
+            os.environ["WANDB_MODE"] = config.wandb_mode
+        # W&B's files (offline runs included) live with the run, not in the current directory.
+        os.environ.setdefault("WANDB_DIR", str(Path(config.output_dir).resolve()))
 
 
 def summary(output_dir: Path) -> str:

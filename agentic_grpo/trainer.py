@@ -9,25 +9,33 @@ split of a step, and the run files (`metrics.jsonl`, `trajectories/step_N.jsonl`
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat, load_format
+from agentic_grpo.kl_control import AdaptiveKLCallback, resolve_schedule
 from agentic_grpo.plugins import PluginError, import_object
 from agentic_grpo.rollout import RolloutLimits, RolloutManager, RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
 from agentic_grpo.trajectory import Trajectory
+from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
 # We use `rollout_func` on purpose; TRL's "experimental" banner would only alarm users.
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+# Checkpoints are written here first and renamed to `checkpoint-N` once complete (no `checkpoint-` prefix,
+# so the Trainer's `get_last_checkpoint` and checkpoint rotation never see a half-written one).
+STAGING_DIR = "partial-checkpoints"
 
 
 def load_environment(path: str) -> type[ToolEnvironment]:
@@ -103,6 +111,12 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self._trajectories: list[Trajectory] = []
         self._rewards_per_func: torch.Tensor | None = None
         self.add_callback(RunFilesCallback(self))
+        schedule = resolve_schedule(args.kl_preset, args.kl_target, args.kl_factor, args.kl_min, args.kl_max)
+        if schedule is not None:
+            if self.beta == 0.0:
+                raise ValueError("the adaptive KL controller (kl_preset/kl_target) needs beta > 0")
+            self.add_callback(AdaptiveKLCallback(self, schedule))
+        self._staging_checkpoint = False
 
     # --- one generation: rows in, trajectories out -------------------------------------
 
@@ -198,6 +212,57 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 record["advantage"] = float(advantages[i])
             records.append(record)
         RunFilesCallback.write_trajectories(self.args.output_dir, step, records, self.accelerator)
+        if wandb_reporting(self.args):
+            log_trajectory_table(step, records, self.accelerator)
+
+    # --- checkpoints: written atomically ------------------------------------------------
+
+    def _get_output_dir(self, trial: Any) -> str:
+        run_dir = super()._get_output_dir(trial)
+        return os.path.join(run_dir, STAGING_DIR) if self._staging_checkpoint else run_dir
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """The Trainer's checkpoint (model or adapter, optimizer, scheduler, RNG per process, state),
+        written to a staging directory and renamed to `checkpoint-N` only when every process is done.
+
+        The Trainer writes straight into `checkpoint-N`: a crash mid-save would leave a newest
+        checkpoint that cannot be resumed, and checkpoint rotation may already have deleted the
+        previous good one. Here a failed save leaves the previous checkpoints as they were.
+        """
+        if trial is not None or self.hp_search_backend is not None:
+            return super()._save_checkpoint(model, trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = os.path.join(self.args.output_dir, STAGING_DIR, name)
+        final = os.path.join(self.args.output_dir, name)
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)  # leftovers of an earlier crashed save
+        self.accelerator.wait_for_everyone()
+        self._staging_checkpoint = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging_checkpoint = False
+        self.accelerator.wait_for_everyone()  # every process has written its RNG state / shards
+        if self.args.should_save:
+            if os.path.exists(final):  # re-saving a step (a rerun in the same output_dir)
+                old = staging + ".old"
+                os.replace(final, old)
+                os.replace(staging, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staging, final)
+            with contextlib.suppress(OSError):  # the staging directory goes once empty
+                os.rmdir(os.path.dirname(staging))
+            best = self.state.best_model_checkpoint  # the Trainer looked for the best one under the staging dir
+            if best and os.path.dirname(best) == os.path.dirname(staging):
+                self.state.best_model_checkpoint = os.path.join(self.args.output_dir, os.path.basename(best))
+            rotate_checkpoints(
+                output_dir=self.args.output_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        self.accelerator.wait_for_everyone()
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         try:

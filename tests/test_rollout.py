@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 
 import pytest
@@ -131,3 +133,25 @@ def test_observation_after_eos_opens_a_new_chat_turn(tokenizer):
 def test_unparsable_turns_never_crash_the_loop(tokenizer, bad):
     [t], _, _ = run(tokenizer, {"bad": [bad + "<|im_end|>"] * 3}, ["bad"], max_turns=3)
     assert t.finish_reason == "max_turns" and t.malformed_turns == 3
+
+
+def test_code_runs_in_one_sandbox_slot_per_trajectory_and_workspaces_are_removed(tokenizer):
+    from agentic_grpo.sandbox import SandboxConfig, SandboxPool
+    from tools.python import PythonInterpreter
+
+    code = "import os; open('mine.txt','w').write('x'); print(os.getcwd(), sorted(os.listdir('.')))"
+    call = "Action: python\nAction Input: " + json.dumps({"code": code}) + "\nObservation:"
+    pool = SandboxPool(SandboxConfig(timeout_s=10))
+    fmt = load_format("react", PythonInterpreter.tool_schemas())
+    manager = RolloutManager(PythonInterpreter, fmt, tokenizer, RolloutLimits(tool_timeout=10), sandbox_pool=pool)
+    backend = ScriptedBackend(tokenizer, {"py": [call, "Final Answer: done<|im_end|>"]})
+    try:
+        trajectories, _ = manager.rollout([case_prompt("py")] * 3, [{}] * 3, backend)
+    finally:
+        manager.close()
+        pool.close()
+    outputs = [t.tool_calls[0][1].output for t in trajectories]
+    workspaces = [out.split(" [")[0] for out in outputs]
+    assert len(set(workspaces)) == 3, outputs  # a slot, and a workspace, of its own per trajectory
+    assert all(out.endswith("['mine.txt']") for out in outputs)  # nobody sees a sibling's file
+    assert not any(os.path.exists(w) for w in workspaces)  # removed when the trajectory ended
