@@ -95,7 +95,14 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
     from agentic_grpo.trainer import load_environment
 
     use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group
-    recipe, config, model_config = read_recipe(argv)
+    check_no_deepspeed_without_cuda(os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true")
+    try:
+        recipe, config, model_config = read_recipe(argv)
+    except ImportError as exc:  # TrainingArguments requires deepspeed when `--deepspeed` is given
+        if "deepspeed" not in str(exc).lower():
+            raise
+        check_no_deepspeed_without_cuda(True)
+        raise ValueError(f"the recipe asks for DeepSpeed, which is not installed: pip install deepspeed ({exc})")
     check_scaling(config)
     set_seed(config.seed)
     model_path = resolve_model(model_config.model_name_or_path or "")
@@ -107,6 +114,8 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
     config.reward_weights = weights
 
     train, test = load_task_data(recipe.dataset)
+    if config.eval_strategy != "no" and test is None:
+        raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")
     required = ["question"] + sorted({c for r in rewards for c in getattr(r, "required_columns", ())})
     check_columns(train, required, "training data")
     if test is not None:
@@ -129,9 +138,13 @@ def run(config: Any, model_path: str, rewards: list, train: Any, test: Any, peft
     from agentic_grpo.trainer import AgenticGRPOTrainer
 
     start = time.time()
+    # With `eval_strategy: steps` and `eval_steps: N`, TRL scores the held-out split every N
+    # steps through the same rollouts (logged as eval_*); otherwise it is left alone.
+    evaluating = config.eval_strategy != "no"
     trainer = AgenticGRPOTrainer(
-        model=model_path, reward_funcs=rewards, args=config, train_dataset=train, peft_config=peft_config
-    )
+        model=model_path, reward_funcs=rewards, args=config, train_dataset=train, peft_config=peft_config,
+        eval_dataset=test if evaluating else None,
+    )  # fmt: skip
     main_process = trainer.accelerator.is_main_process
     if main_process:
         write_run_status(config.output_dir, "running", argv=argv, model=model_path, started=time.ctime(start))
@@ -168,10 +181,18 @@ def use_cpu_when_distributed_without_gpu() -> None:
         os.environ.setdefault("ACCELERATE_USE_CPU", "true")
 
 
-def check_scaling(config: Any) -> None:
-    """Refuse launch set-ups that cannot work, before anything is written (one message each)."""
+def check_no_deepspeed_without_cuda(deepspeed: bool) -> None:
     import torch
 
+    if deepspeed and not torch.cuda.is_available():
+        raise ValueError(
+            "DeepSpeed needs CUDA GPUs and this machine has none: drop `--deepspeed` / the DeepSpeed accelerate "
+            "config, or use accelerate_configs/cpu_2proc.yaml for several CPU processes"
+        )
+
+
+def check_scaling(config: Any) -> None:
+    """Refuse launch set-ups that cannot work, before anything is written (one message each)."""
     from agentic_grpo.kl_control import resolve_schedule
 
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
@@ -179,12 +200,7 @@ def check_scaling(config: Any) -> None:
             "recipe asks for vLLM (`use_vllm: true`) but vllm is not installed: `pip install vllm` on a CUDA "
             "machine, or set `use_vllm: false` to generate with transformers"
         )
-    deepspeed = config.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
-    if deepspeed and not torch.cuda.is_available():
-        raise ValueError(
-            "DeepSpeed needs CUDA GPUs and this machine has none: drop `--deepspeed` / the DeepSpeed accelerate "
-            "config, or use accelerate_configs/cpu_2proc.yaml for several CPU processes"
-        )
+    check_no_deepspeed_without_cuda(bool(config.deepspeed))
     processes = config.world_size
     queries = config.generation_batch_size // config.num_generations
     if processes > queries:
@@ -214,7 +230,9 @@ def check_scaling(config: Any) -> None:
         )
     if "wandb" in (config.report_to or []):
         if importlib.util.find_spec("wandb") is None:
-            raise ValueError("recipe reports to W&B (`report_to: wandb`) but wandb is not installed: pip install wandb")
+            raise ValueError(
+                "recipe reports to W&B (`report_to: wandb`) but wandb is not installed: pip install wandb"
+            )
         if config.wandb_mode:
             os.environ["WANDB_MODE"] = config.wandb_mode
         # W&B's files (offline runs included) live with the run, not in the current directory.

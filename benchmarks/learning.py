@@ -1,0 +1,86 @@
+"""Does training make the agent better on problems it never saw? Prints JSON.
+
+Evaluates the untrained model on the recipe's held-out split, trains with the recipe
+(`train.py`, a real run), evaluates the trained adapter or model on the same split, and
+reports both accuracies, the minutes, the peak memory and the seed.
+
+    .venv/bin/python benchmarks/learning.py --seed 0
+    .venv/bin/python benchmarks/learning.py --seed 1 --max-steps 40 --questions 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def held_out_accuracy(model: str, recipe: str, questions: int, k: int) -> dict:
+    from agentic_grpo.config import read_recipe
+    from agentic_grpo.data import load_task_data
+    from agentic_grpo.evaluate import evaluate, load_policy
+    from agentic_grpo.train import build_rewards
+
+    recipe_args, config, _ = read_recipe(["--config", recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
+    rewards, _ = build_rewards(recipe_args.rewards)
+    _, test = load_task_data(recipe_args.dataset)
+    policy, tokenizer = load_policy(model)
+    metrics, _ = evaluate(policy, tokenizer, config, rewards, list(test)[:questions], k=k, progress=False)
+    return metrics
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "cpu_demo.yaml"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, help="training steps (default: the recipe's)")
+    parser.add_argument("--questions", type=int, default=48, help="held-out questions to evaluate")
+    parser.add_argument("-k", type=int, default=1, help="1 = greedy pass@1; k > 1 = sampled pass@k")
+    parser.add_argument("--output-dir", default=None, help="run directory (default: outputs/learning-seedN)")
+    args = parser.parse_args()
+
+    import yaml
+
+    base_model = yaml.safe_load(Path(args.recipe).read_text())["model_name_or_path"]
+    output_dir = args.output_dir or str(ROOT / "outputs" / f"learning-seed{args.seed}")
+    before = held_out_accuracy(base_model, args.recipe, args.questions, args.k)
+
+    command = [sys.executable, str(ROOT / "train.py"), "--config", args.recipe, "--seed", str(args.seed),
+               "--output_dir", output_dir]  # fmt: skip
+    if args.max_steps:
+        command += ["--max_steps", str(args.max_steps)]
+    start = time.time()
+    subprocess.run(command, check=True, cwd=ROOT)
+    minutes = (time.time() - start) / 60
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+    after = held_out_accuracy(output_dir, args.recipe, args.questions, args.k)
+    metric = "accuracy"
+    result = {
+        "benchmark": "learning",
+        "recipe": Path(args.recipe).name,
+        "seed": args.seed,
+        "questions": args.questions,
+        "k": args.k,
+        "accuracy_before": before[metric],
+        "accuracy_after": after[metric],
+        "gain_points": round(100 * (after[metric] - before[metric]), 1),
+        "tool_call_rate_before": before["tool_call_rate"],
+        "tool_call_rate_after": after["tool_call_rate"],
+        "train_minutes": round(minutes, 1),
+        "train_peak_memory_mb": round(peak_mb),
+        "command": " ".join(sys.argv),
+    }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
