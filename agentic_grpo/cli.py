@@ -9,6 +9,11 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # every recipe field is a flag of its own: hand them all to the recipe parser
+        from agentic_grpo.train import main as train_main
+
+        return train_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="agentic-grpo",
         description="Train LLM agents with GRPO on multi-turn tool-use trajectories.",

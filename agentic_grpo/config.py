@@ -148,7 +148,7 @@ def read_recipe(argv: list[str] | None = None) -> tuple[RecipeArguments, Agentic
         if not path.is_file():
             raise ValueError(f"recipe file `{path}` does not exist")
         check_recipe_keys(yaml.safe_load(path.read_text()) or {}, path)
-    flags = {a[2:].split("=")[0]: None for a in argv if a.startswith("--") and a != "--config"}
+    flags = {a[2:].split("=")[0].replace("-", "_"): None for a in argv if a.startswith("--") and a != "--config"}
     check_recipe_keys(flags, "command line")
     parser = TrlParser(RECIPE_TYPES, allow_abbrev=False)
     return parser.parse_args_and_config(argv)

@@ -15,7 +15,7 @@ from pathlib import Path
 CHARTS: dict[str, tuple[str, str, list[str]]] = {
     "reward": ("Reward", "mean reward", ["reward", "rewards/*"]),
     "accuracy": ("Accuracy", "fraction correct", ["rewards/correctness/mean", "eval/*"]),
-    "kl": ("KL to the reference", "KL (per token)", ["kl", "kl_coef"]),
+    "kl": ("KL to the reference", "KL per token; kl_coef (beta)", ["kl", "kl_coef"]),
     "tool_call_rate": ("Tool use", "rate", ["tools/call_rate", "tools/error_rate", "trajectories/answered_rate"]),
     "trainable_ratio": ("Trainable tokens", "model tokens / completion tokens", ["tokens/trainable_ratio"]),
 }
@@ -51,6 +51,7 @@ def plot_run(output_dir: str | Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     output_dir = Path(output_dir)
     metrics = output_dir / "metrics.jsonl"
@@ -70,6 +71,7 @@ def plot_run(output_dir: str | Path) -> list[Path]:
         for label, (steps, values) in lines.items():
             axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
         axes.set(title=f"{title} ({output_dir.name})", xlabel="step", ylabel=ylabel)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
         figure.tight_layout()

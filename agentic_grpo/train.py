@@ -102,7 +102,9 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
         if "deepspeed" not in str(exc).lower():
             raise
         check_no_deepspeed_without_cuda(True)
-        raise ValueError(f"the recipe asks for DeepSpeed, which is not installed: pip install deepspeed ({exc})")
+        raise ValueError(
+            f"the recipe asks for DeepSpeed, which is not installed: pip install deepspeed ({exc})"
+        ) from exc
     check_scaling(config)
     set_seed(config.seed)
     model_path = resolve_model(model_config.model_name_or_path or "")
@@ -199,6 +201,11 @@ def check_scaling(config: Any) -> None:
         raise ValueError(
             "recipe asks for vLLM (`use_vllm: true`) but vllm is not installed: `pip install vllm` on a CUDA "
             "machine, or set `use_vllm: false` to generate with transformers"
+        )
+    if config.use_vllm and config.vllm_importance_sampling_correction:
+        raise ValueError(
+            "`use_vllm: true` needs `vllm_importance_sampling_correction: false`: multi-turn trajectories do not "
+            "carry vLLM's sampling log-probs yet (TRL recomputes the old log-probs with the policy instead)"
         )
     check_no_deepspeed_without_cuda(bool(config.deepspeed))
     processes = config.world_size

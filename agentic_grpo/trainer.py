@@ -29,6 +29,7 @@ from agentic_grpo.plugins import PluginError, import_object
 from agentic_grpo.rollout import RolloutLimits, RolloutManager, RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
 from agentic_grpo.trajectory import Trajectory
+from agentic_grpo.vllm_backend import VLLMBackend
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
 # We use `rollout_func` on purpose; TRL's "experimental" banner would only alarm users.
@@ -129,7 +130,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         return output
 
     def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
-        backend = self.generation_backend or TrainerBackend(self)
+        backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
         trajectories, stats = self.rollout_manager.rollout(prompts, self._rows, backend)
         self._trajectories = trajectories
         self._log_rollout(trajectories, stats)

@@ -1,0 +1,177 @@
+"""Scaling out: accelerate configs, two real processes over gloo, LoRA, and launch set-ups refused at start-up."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "accelerate_configs"
+SMALL = ["--max_turns", "2", "--max_tokens_per_turn", "12", "--max_completion_length", "48"]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    return {**os.environ, "AGENTIC_GRPO_CACHE": str(ROOT / ".model-cache"), "WANDB_MODE": "disabled", **extra}
+
+
+def launch(*args: str, processes: int = 2) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file accelerate_configs/cpu_2proc.yaml train.py ARGS`, as a user types it."""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    return subprocess.run(
+        [str(accelerate), "launch", "--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--num_processes",
+         str(processes), str(ROOT / "train.py"), *args],
+        cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def train(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=environment(**env), capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+
+
+# --- accelerate configs --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "distributed_type"),
+    [
+        ("single_gpu", "NO"), ("multi_gpu", "MULTI_GPU"), ("deepspeed_zero2", "DEEPSPEED"),
+        ("deepspeed_zero3", "DEEPSPEED"), ("fsdp", "FSDP"), ("multi_node", "MULTI_GPU"), ("cpu_2proc", "MULTI_GPU"),
+    ],
+)  # fmt: skip
+def test_accelerate_config_loads_and_is_named_in_the_readme(name, distributed_type):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = CONFIGS / f"{name}.yaml"
+    config = load_config_from_file(str(path))
+    assert str(config.distributed_type).split(".")[-1] == distributed_type
+    assert path.read_text().startswith("#")  # every config says what it is for
+    assert f"accelerate_configs/{name}.yaml" in (ROOT / "README.md").read_text()
+
+
+def test_sharded_configs_carry_what_generation_and_saving_need():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    zero3 = load_config_from_file(str(CONFIGS / "deepspeed_zero3.yaml")).deepspeed_config
+    assert zero3["zero_stage"] == 3 and zero3["zero3_init_flag"] and zero3["zero3_save_16bit_model"]
+    assert load_config_from_file(str(CONFIGS / "deepspeed_zero2.yaml")).deepspeed_config["zero_stage"] == 2
+    fsdp = load_config_from_file(str(CONFIGS / "fsdp.yaml")).fsdp_config
+    assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    node = load_config_from_file(str(CONFIGS / "multi_node.yaml"))
+    assert node.num_machines == 2 and node.main_process_ip
+
+
+# --- two processes -------------------------------------------------------------------------
+
+
+def test_two_processes_each_roll_out_their_own_questions_and_metrics_are_gathered(tmp_path):
+    out = tmp_path / "out"
+    result = launch("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--max_steps", "1", *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    files = sorted(p.name for p in (out / "trajectories").iterdir())
+    assert files == ["step_000001.rank0.jsonl", "step_000001.rank1.jsonl"]
+    ranks = [[json.loads(line) for line in (out / "trajectories" / f).read_text().splitlines()] for f in files]
+    assert [len(r) for r in ranks] == [4, 4]  # each rank: one question x G=4
+    questions = [{t["row"]["question"] for t in r} for r in ranks]
+    assert len(questions[0]) == len(questions[1]) == 1 and questions[0] != questions[1]
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in steps] == [1]  # written once (rank 0), not once per process
+    tokens = [sum(len(s["token_ids"]) for t in r for s in t["segments"]) for r in ranks]
+    assert steps[0]["num_tokens"] == sum(tokens)  # both ranks' tokens, gathered
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (out / "checkpoint-1").iterdir()}
+
+
+def test_more_processes_than_questions_per_step_is_refused(tmp_path):
+    out = tmp_path / "out"
+    result = launch("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--per_device_train_batch_size", "2")
+    assert result.returncode != 0
+    assert "2 processes but only 1 question(s) per generation step" in result.stderr
+    assert not out.exists()
+
+
+# --- LoRA ----------------------------------------------------------------------------------
+
+
+def test_lora_run_saves_an_adapter_and_its_reference_is_the_base_with_adapters_off(tmp_path):
+    import torch
+    import yaml
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import use_adapter
+
+    from agentic_grpo.models import resolve_model
+
+    recipe = yaml.safe_load((ROOT / "recipes" / "ci_tiny_lora.yaml").read_text())
+    recipe["rewards"] = [{"type": "tests.varied_rewards:distinct_characters"}]  # non-zero advantages: B moves off 0
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "out"
+    result = train("--config", str(tmp_path / "recipe.yaml"), "--output_dir", str(out), "--max_steps", "1",
+                   "--save_steps", "1", "--learning_rate", "0.05")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "adapter_config.json").exists() and (out / "checkpoint-1" / "adapter_config.json").exists()
+    assert not (out / "model.safetensors").exists()  # the adapter only, not a copy of the base model
+
+    os.environ.setdefault("AGENTIC_GRPO_CACHE", str(ROOT / ".model-cache"))
+    base = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-random-llama"))
+    policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base.name_or_path), out)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        expected = base(ids).logits
+        assert not torch.allclose(policy(ids).logits, expected)  # the adapter trained
+        with use_adapter(policy, adapter_name=None):  # how TRL computes reference log-probs under PEFT
+            assert torch.allclose(policy(ids).logits, expected)
+
+
+def test_lora_trainer_keeps_no_reference_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTIC_GRPO_CACHE", str(ROOT / ".model-cache"))
+    from agentic_grpo.train import prepare
+    from agentic_grpo.trainer import AgenticGRPOTrainer
+
+    config, model, rewards, data, _, peft_config, _ = prepare(
+        ["--config", "recipes/ci_tiny_lora.yaml", "--output_dir", str(tmp_path / "out")]
+    )
+    trainer = AgenticGRPOTrainer(model=model, reward_funcs=rewards, args=config, train_dataset=data,
+                                 peft_config=peft_config)  # fmt: skip
+    assert trainer.beta > 0 and trainer.ref_model is None
+    assert "default" in trainer.model.peft_config
+
+
+# --- refused at start-up -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "env", "message"),
+    [
+        (["--use_vllm", "true"], {}, "vllm is not installed"),
+        ([], {"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed needs CUDA GPUs"),
+        (["--deepspeed", "DS_JSON"], {}, "DeepSpeed needs CUDA GPUs"),
+        (["--resume_from_checkpoint", "NOT_A_CHECKPOINT"], {}, "is not a checkpoint (it has no trainer_state.json)"),
+        (["--resume_from_checkpoint", "./no/such/checkpoint-3"], {}, "is not a checkpoint (it does not exist)"),
+        (["--kl_preset", "calm"], {}, "kl_preset `calm` is not known"),
+        (["--kl_target", "0.1", "--beta", "0"], {}, "needs beta > 0"),
+        (["--report_to", "wandb", "--wandb_mode", "sometimes"], {}, "wandb_mode must be"),
+    ],
+)
+def test_bad_launch_setup_stops_before_any_output(tmp_path, override, env, message):
+    if "vllm" in message and importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here: the refusal cannot happen")
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}')
+    (tmp_path / "not_a_checkpoint").mkdir()
+    replace = {"DS_JSON": str(tmp_path / "ds.json"), "NOT_A_CHECKPOINT": str(tmp_path / "not_a_checkpoint")}
+    override = [replace.get(a, a) for a in override]
+    out = tmp_path / "out"
+    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), *override, **env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr
+    assert not out.exists()

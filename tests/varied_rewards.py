@@ -1,0 +1,15 @@
+"""A reward for tests that differs between samples of a random model, so GRPO advantages are non-zero.
+
+A tiny random model writes every trajectory to the length cap and never answers: rule
+rewards are then equal within each group, advantages 0, loss 0, and "the loss after a
+resume equals the uninterrupted run's" would hold even if the resume were wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def distinct_characters(prompts: list, completions: list, trajectory: list, **_: Any) -> list[float]:
+    """The number of distinct characters of the trajectory's text, scaled to about [0, 1]."""
+    return [len(set(t.completion_text)) / 50 for t in trajectory]
