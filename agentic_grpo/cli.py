@@ -67,6 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     plot.add_argument("output_dir", help="the run's output directory (holds metrics.jsonl)")
     plot.set_defaults(func=_plot)
 
+    bench = commands.add_parser(
+        "bench",
+        help="run a benchmark from benchmarks/ (prints JSON)",
+        description="Run benchmarks/NAME.py; any further arguments go to it (e.g. `bench learning --seed 1`).",
+    )
+    bench.add_argument("name", help="benchmark name: " + ", ".join(sorted(p.stem for p in BENCHMARKS.glob("*.py"))))
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    bench.set_defaults(func=_bench)
+
     try:
         from agentic_grpo.sandbox.cli import add_sandbox_parser
     except ImportError:  # the sandbox package is optional only while it is being installed
@@ -79,6 +88,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     return args.func(args)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    script = BENCHMARKS / f"{args.name}.py"
+    if not script.is_file():
+        known = ", ".join(sorted(p.stem for p in BENCHMARKS.glob("*.py"))) or "none"
+        print(f"error: no benchmark `{args.name}` (known: {known})", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(script), *args.args])
 
 
 def _train(args: argparse.Namespace) -> int:
