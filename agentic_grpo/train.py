@@ -197,15 +197,15 @@ def check_scaling(config: Any) -> None:
     """Refuse launch set-ups that cannot work, before anything is written (one message each)."""
     from agentic_grpo.kl_control import resolve_schedule
 
-    if config.use_vllm and importlib.util.find_spec("vllm") is None:
-        raise ValueError(
-            "recipe asks for vLLM (`use_vllm: true`) but vllm is not installed: `pip install vllm` on a CUDA "
-            "machine, or set `use_vllm: false` to generate with transformers"
-        )
     if config.use_vllm and config.vllm_importance_sampling_correction:
         raise ValueError(
             "`use_vllm: true` needs `vllm_importance_sampling_correction: false`: multi-turn trajectories do not "
             "carry vLLM's sampling log-probs yet (TRL recomputes the old log-probs with the policy instead)"
+        )
+    if config.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            "recipe asks for vLLM (`use_vllm: true`) but vllm is not installed: `pip install vllm` on a CUDA "
+            "machine, or set `use_vllm: false` to generate with transformers"
         )
     check_no_deepspeed_without_cuda(bool(config.deepspeed))
     processes = config.world_size

@@ -153,7 +153,8 @@ def test_lora_trainer_keeps_no_reference_model(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("override", "env", "message"),
     [
-        (["--use_vllm", "true"], {}, "vllm is not installed"),
+        (["--use_vllm", "true"], {}, "needs `vllm_importance_sampling_correction: false`"),
+        (["--use_vllm", "true", "--vllm_importance_sampling_correction", "false"], {}, "vllm is not installed"),
         ([], {"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed needs CUDA GPUs"),
         (["--deepspeed", "DS_JSON"], {}, "DeepSpeed needs CUDA GPUs"),
         (["--resume_from_checkpoint", "NOT_A_CHECKPOINT"], {}, "is not a checkpoint (it has no trainer_state.json)"),
@@ -163,15 +164,22 @@ def test_lora_trainer_keeps_no_reference_model(tmp_path, monkeypatch):
         (["--report_to", "wandb", "--wandb_mode", "sometimes"], {}, "wandb_mode must be"),
     ],
 )
-def test_bad_launch_setup_stops_before_any_output(tmp_path, override, env, message):
+def test_bad_launch_setup_stops_before_any_output(tmp_path, monkeypatch, capsys, override, env, message):
+    # In-process `train.main` (the refusals all happen before a model is loaded): a subprocess each
+    # would cost seconds of imports for nothing. The two-process refusal above is a real launch.
+    from agentic_grpo.train import main
+
     if "vllm" in message and importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here: the refusal cannot happen")
+    monkeypatch.setenv("AGENTIC_GRPO_CACHE", str(ROOT / ".model-cache"))
+    monkeypatch.chdir(ROOT)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}')
     (tmp_path / "not_a_checkpoint").mkdir()
     replace = {"DS_JSON": str(tmp_path / "ds.json"), "NOT_A_CHECKPOINT": str(tmp_path / "not_a_checkpoint")}
     override = [replace.get(a, a) for a in override]
     out = tmp_path / "out"
-    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), *override, **env)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert message in result.stderr
+    assert main(["--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), *override]) == 2
+    assert message in capsys.readouterr().err
     assert not out.exists()
