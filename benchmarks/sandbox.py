@@ -1,6 +1,6 @@
 """Sandbox overhead and throughput: prints JSON.
 
-Per-call latency of `python -c pass` (the trainer's interpreter) bare and in a sandbox slot
+Per-call latency of `python3 -c pass` (the system interpreter) bare and in a sandbox slot
 (median of --calls), their ratio, and executions per second with 1, 8 and 64 slots running
 at once (each slot in its own thread, as the rollout manager does). Not a test: numbers
 depend on the machine and its load.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,7 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentic_grpo.sandbox import SandboxConfig, SandboxPool  # noqa: E402
 
-COMMAND = [sys.executable, "-c", "pass"]
+# The issue's command, `python3 -c pass`, resolved on the sandbox's PATH (the system
+# interpreter), and the same binary bare: the ratio compares like with like. The
+# trainer's venv interpreter would add ~20 ms of site-packages start-up to both.
+PYTHON3 = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+COMMAND = [PYTHON3, "-c", "pass"]
 
 
 def bare_call() -> float:
@@ -75,7 +80,7 @@ def main() -> None:
         json.dumps(
             {
                 "layer": pool.layer,
-                "command": "python -c pass",
+                "command": " ".join(COMMAND),
                 "cpus": os.cpu_count(),
                 "bare_ms": round(bare * 1000, 2),
                 "sandboxed_ms": round(sandboxed * 1000, 2),
