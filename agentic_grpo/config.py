@@ -90,6 +90,16 @@ class AgenticGRPOConfig(GRPOConfig):
     kl_factor: float | None = field(default=None, metadata={"help": "Adaptive KL: the multiplicative step (> 1)."})
     kl_min: float | None = field(default=None, metadata={"help": "Adaptive KL: the lowest coefficient (> 0)."})
     kl_max: float | None = field(default=None, metadata={"help": "Adaptive KL: the highest coefficient."})
+    eval_before_after: bool = field(
+        default=False,
+        metadata={
+            "help": "Measure held-out accuracy (greedy pass@1 on the test split, same tools and rewards) before "
+            "and after training, print both at the end and write them to `held_out.json`."
+        },
+    )
+    eval_questions: int = field(
+        default=48, metadata={"help": "Test questions used by `eval_before_after` (the first N of the split)."}
+    )
     wandb_mode: str | None = field(
         default=None,
         metadata={

@@ -125,3 +125,14 @@ def write_report(path: str | Path, metrics: dict[str, Any], records: list[dict[s
     with path.with_suffix(".trajectories.jsonl").open("w") as f:
         for record in records:
             f.write(json.dumps(record, default=str) + "\n")
+
+
+def held_out_accuracy(trainer: Any, rewards: list, rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Greedy pass@1 of the trainer's current policy on `rows` (run on the main process of a one-process run)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    try:
+        metrics, _ = evaluate(model, trainer.processing_class, trainer.args, rewards, rows, k=1, progress=True)
+    finally:
+        model.train(was_training)
+    return metrics

@@ -150,9 +150,21 @@ def run(config: Any, model_path: str, rewards: list, train: Any, test: Any, peft
     main_process = trainer.accelerator.is_main_process
     if main_process:
         write_run_status(config.output_dir, "running", argv=argv, model=model_path, started=time.ctime(start))
+    held_out: dict[str, Any] = {}
+    measure = config.eval_before_after and test is not None and trainer.accelerator.num_processes == 1
     try:
+        if measure:
+            from agentic_grpo.evaluate import held_out_accuracy
+
+            rows = list(test)[: config.eval_questions]
+            print(f"Held-out accuracy before training ({len(rows)} test questions)...", flush=True)
+            held_out["before"] = held_out_accuracy(trainer, rewards, rows)
         trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
         trainer.save_model(config.output_dir)
+        if measure:
+            print("Held-out accuracy after training...", flush=True)
+            held_out["after"] = held_out_accuracy(trainer, rewards, rows)
+            (Path(config.output_dir) / "held_out.json").write_text(json.dumps(held_out, indent=2))
     except BaseException as exc:
         if main_process:
             write_run_status(config.output_dir, "failed", error=f"{type(exc).__name__}: {exc}")
@@ -160,6 +172,14 @@ def run(config: Any, model_path: str, rewards: list, train: Any, test: Any, peft
     if main_process:
         write_run_status(config.output_dir, "completed", minutes=round((time.time() - start) / 60, 2))
         print(summary(Path(config.output_dir)), flush=True)
+        if held_out:
+            before, after = held_out["before"], held_out["after"]
+            print(
+                f"  held-out accuracy (greedy pass@1, {before['questions']} questions never trained on): "
+                f"{before['accuracy']:.1%} before -> {after['accuracy']:.1%} after; tool-call rate "
+                f"{before['tool_call_rate']:.0%} -> {after['tool_call_rate']:.0%} ({Path(config.output_dir) / 'held_out.json'})",
+                flush=True,
+            )
         try:
             from agentic_grpo.plots import plot_run
 

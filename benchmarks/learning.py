@@ -53,7 +53,7 @@ def main() -> int:
     before = held_out_accuracy(base_model, args.recipe, args.questions, args.k)
 
     command = [sys.executable, str(ROOT / "train.py"), "--config", args.recipe, "--seed", str(args.seed),
-               "--output_dir", output_dir]  # fmt: skip
+               "--output_dir", output_dir, "--eval_before_after", "false"]  # fmt: skip
     if args.max_steps:
         command += ["--max_steps", str(args.max_steps)]
     start = time.time()

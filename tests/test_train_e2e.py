@@ -116,3 +116,14 @@ def test_unknown_reward_type_is_refused(tmp_path):
     recipe = write_recipe(tmp_path, rewards=[{"type": "rewards.rules:Corectness"}])
     result = train("--config", str(recipe), timeout=120)
     assert result.returncode == 2 and "has no `Corectness`" in result.stderr
+
+
+def test_held_out_accuracy_before_and_after_is_printed_and_written(tmp_path):
+    out = tmp_path / "out"
+    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--eval_before_after", "true",
+                   "--eval_questions", "2")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    held_out = json.loads((out / "held_out.json").read_text())
+    assert held_out["before"]["questions"] == 2 and held_out["after"]["questions"] == 2
+    assert "held-out accuracy (greedy pass@1, 2 questions never trained on)" in result.stdout
+    assert "before ->" in result.stdout and "plots:" in result.stdout
