@@ -57,7 +57,7 @@ def main() -> int:
     if args.max_steps:
         command += ["--max_steps", str(args.max_steps)]
     start = time.time()
-    subprocess.run(command, check=True, cwd=ROOT)
+    subprocess.run(command, check=True, cwd=ROOT, stdout=sys.stderr)  # stdout carries only the JSON
     minutes = (time.time() - start) / 60
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
