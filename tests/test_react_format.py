@@ -82,3 +82,25 @@ def test_parser_never_raises_on_fuzzed_text(parts):
 @given(st.text(max_size=300))
 def test_parser_never_raises_on_arbitrary_text(text):
     assert isinstance(FMT.parse(text), (ToolCall, FinalAnswer, Malformed))
+
+
+def test_native_tool_call_format_parses_calls_and_answers():
+    from tools.toolbox import MathToolbox
+
+    fmt = load_format("tool_call", MathToolbox.tool_schemas(), answer_pattern=r"Answer:\s*(.+)")
+    assert '"name": "calculator"' in fmt.system_prompt() and '"name": "python"' in fmt.system_prompt()
+    call = fmt.parse('<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call>')
+    assert call == ToolCall("calculator", {"expression": "2*3"}, call.raw_text)
+    double = fmt.parse('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>')
+    assert double.arguments == {"code": "print(1)"}
+    assert fmt.parse("So. Answer: 6") == FinalAnswer("6")
+    assert isinstance(fmt.parse("I am not sure."), Malformed)  # no call and no answer line
+    assert isinstance(fmt.parse("<tool_call>{not json}</tool_call>"), Malformed)
+    assert fmt.render_observation(ToolResult("6"), after_stop=False) == "<tool_response>\n6\n</tool_response>"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_native_tool_call_parser_never_raises(text):
+    fmt = load_format("tool_call", Calculator.tool_schemas())
+    assert isinstance(fmt.parse("<tool_call>" + text), (ToolCall, FinalAnswer, Malformed))

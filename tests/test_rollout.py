@@ -155,3 +155,18 @@ def test_code_runs_in_one_sandbox_slot_per_trajectory_and_workspaces_are_removed
     assert len(set(workspaces)) == 3, outputs  # a slot, and a workspace, of its own per trajectory
     assert all(out.endswith("['mine.txt']") for out in outputs)  # nobody sees a sibling's file
     assert not any(os.path.exists(w) for w in workspaces)  # removed when the trajectory ended
+
+
+def test_native_tool_calls_get_tool_responses_in_a_user_turn(tokenizer):
+    fmt = load_format("tool_call", MisbehavingTools.tool_schemas(), answer_pattern=r"Answer:\s*(.+)")
+    manager = RolloutManager(MisbehavingTools, fmt, tokenizer, RolloutLimits())
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call><|im_end|>'
+    backend = ScriptedBackend(tokenizer, {"native": [call, "Answer: 408<|im_end|>"]})
+    try:
+        [t], _ = manager.rollout([case_prompt("native")], [{}], backend)
+    finally:
+        manager.close()
+    assert t.final_answer == "408" and t.tool_calls[0][1].output == "408"
+    assert t.segments[2].text == (
+        "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )

@@ -54,6 +54,7 @@ class TrajectoryFormat(Protocol):
 FORMATS = {
     "react": "agentic_grpo.formats.react:ReActFormat",
     "artist": "agentic_grpo.formats.artist:ArtistFormat",
+    "tool_call": "agentic_grpo.formats.tool_call:ToolCallFormat",
 }
 
 
