@@ -12,11 +12,12 @@ from agentic_grpo.backends import Generation, cut_generation
 
 class ScriptedBackend:
     """Plays a script per case: the user question holds a tag `[case:NAME]`, and turn n of
-    that trajectory (n = "Observation:" markers seen after the tag) returns `scripts[NAME][n]`.
+    that trajectory (n = `turn_marker`s, "Observation:" for ReAct, seen after the tag) returns `scripts[NAME][n]`.
     """
 
-    def __init__(self, tokenizer, scripts: dict[str, list[str]]):
+    def __init__(self, tokenizer, scripts: dict[str, list[str]], turn_marker: str = "Observation:"):
         self.tokenizer = tokenizer
+        self.turn_marker = turn_marker
         self.scripts = scripts
         self.batches: list[int] = []  # live trajectories per call
         self.returned: list[list[int]] = []
@@ -28,7 +29,7 @@ class ScriptedBackend:
             context = self.tokenizer.decode(ids)
             tag_at = context.rfind("[case:")
             name = context[tag_at + 6 : context.index("]", tag_at)]
-            turn = context[tag_at:].count("Observation:")
+            turn = context[tag_at:].count(self.turn_marker)
             script = self.scripts[name]
             text = script[turn] if turn < len(script) else "Final Answer: out of script<|im_end|>"
             new_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:max_new_tokens]

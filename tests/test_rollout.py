@@ -161,7 +161,7 @@ def test_native_tool_calls_get_tool_responses_in_a_user_turn(tokenizer):
     fmt = load_format("tool_call", MisbehavingTools.tool_schemas(), answer_pattern=r"Answer:\s*(.+)")
     manager = RolloutManager(MisbehavingTools, fmt, tokenizer, RolloutLimits())
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call><|im_end|>'
-    backend = ScriptedBackend(tokenizer, {"native": [call, "Answer: 408<|im_end|>"]})
+    backend = ScriptedBackend(tokenizer, {"native": [call, "Answer: 408<|im_end|>"]}, turn_marker="<tool_response>")
     try:
         [t], _ = manager.rollout([case_prompt("native")], [{}], backend)
     finally:
