@@ -14,7 +14,7 @@ from pathlib import Path
 # chart file name -> (title, y label, metric names drawn on it, or a prefix ending in "*")
 CHARTS: dict[str, tuple[str, str, list[str]]] = {
     "reward": ("Reward", "mean reward", ["reward", "rewards/*"]),
-    "accuracy": ("Accuracy", "fraction correct", ["rewards/correctness/mean", "eval/*"]),
+    "accuracy": ("Accuracy", "fraction correct", ["rewards/correctness/mean", "eval_rewards/correctness/mean"]),
     "kl": ("KL to the reference", "KL per token; kl_coef (beta)", ["kl", "kl_coef"]),
     "tool_call_rate": ("Tool use", "rate", ["tools/call_rate", "tools/error_rate", "trajectories/answered_rate"]),
     "trainable_ratio": ("Trainable tokens", "model tokens / completion tokens", ["tokens/trainable_ratio"]),
@@ -45,6 +45,21 @@ def series(rows: list[dict], pattern: str) -> dict[str, tuple[list[int], list[fl
     return {k: (sorted(v), [v[s] for s in sorted(v)]) for k, v in sorted(found.items())}
 
 
+def held_out_points(output_dir: Path, rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """Held-out accuracy before (step 0) and after (last step) training, from `held_out.json` when present."""
+    path = output_dir / "held_out.json"
+    if not path.is_file():
+        return {}
+    held_out = json.loads(path.read_text())
+    last = max((int(r["step"]) for r in rows if "step" in r), default=0)
+    return {
+        "held-out accuracy, before and after (test split)": (
+            [0, last],
+            [held_out["before"]["accuracy"], held_out["after"]["accuracy"]],
+        )
+    }
+
+
 def plot_run(output_dir: str | Path) -> list[Path]:
     """Write one PNG per chart with data to `output_dir/plots/`; returns their paths."""
     import matplotlib
@@ -63,12 +78,17 @@ def plot_run(output_dir: str | Path) -> list[Path]:
         lines: dict[str, tuple[list[int], list[float]]] = {}
         for pattern in patterns:
             lines.update(series(rows, pattern))
+        if name == "accuracy":
+            lines.update(held_out_points(output_dir, rows))
         if name == "reward":  # per-reward means only; `reward` itself is the weighted sum
             lines = {k: v for k, v in lines.items() if k == "reward" or k.endswith("/mean")}
         if not lines:
             continue
         figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
         for label, (steps, values) in lines.items():
+            if label.startswith("held-out"):  # two measurements, not a curve: dashed, big markers
+                axes.plot(steps, values, linestyle="--", marker="D", markersize=7, label=label)
+                continue
             axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
         axes.set(title=f"{title} ({output_dir.name})", xlabel="step", ylabel=ylabel)
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
