@@ -13,6 +13,8 @@ run in the trainer's process in a worker thread under the wall timeout.
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import threading
 import time
@@ -65,19 +67,8 @@ class ToolEnvironment:
 
     @classmethod
     def tool_schemas(cls) -> list[dict[str, Any]]:
-        """JSON schemas of the tools, from type hints and Google-style docstrings."""
-        schemas = []
-        for name, fn in cls.tools().items():
-            try:
-                schemas.append(get_json_schema(fn))
-            except Exception as exc:  # noqa: BLE001 - re-raised with the tool named
-                raise TypeError(
-                    f"tool `{cls.__name__}.{name}` needs type hints on every argument and a Google-style "
-                    f"docstring with an `Args:` entry per argument: {exc}"
-                ) from exc
-        for schema in schemas:
-            schema["function"]["parameters"]["properties"].pop("self", None)
-        return schemas
+        """JSON schemas of the tools, from type hints and Google-style docstrings (a copy the caller may change)."""
+        return copy.deepcopy(list(_schemas_of(cls).values()))
 
     def execute(self, call: ToolCall) -> ToolResult:
         """Run one call under the wall timeout; every failure becomes a `ToolResult` the model can read."""
@@ -86,7 +77,7 @@ class ToolEnvironment:
         if call.name not in tools:
             known = ", ".join(sorted(tools)) or "none"
             return _failed(f"Error: unknown tool `{call.name}`. Available tools: {known}.", start)
-        problem = _check_arguments(self.tool_schema(call.name), call.arguments)
+        problem = _check_arguments(_schemas_of(type(self))[call.name], call.arguments)
         if problem:
             return _failed(f"Error: bad arguments for `{call.name}`: {problem}", start)
 
@@ -118,9 +109,22 @@ class ToolEnvironment:
             return value
         return ToolResult(output="" if value is None else str(value), seconds=time.perf_counter() - start)
 
-    @classmethod
-    def tool_schema(cls, name: str) -> dict[str, Any]:
-        return next(s for s in cls.tool_schemas() if s["function"]["name"] == name)
+
+@functools.cache
+def _schemas_of(cls: type[ToolEnvironment]) -> dict[str, dict[str, Any]]:
+    """Tool name -> JSON schema, built once per class: `execute` checks every call against it."""
+    schemas = {}
+    for name, fn in cls.tools().items():
+        try:
+            schema = get_json_schema(fn)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the tool named
+            raise TypeError(
+                f"tool `{cls.__name__}.{name}` needs type hints on every argument and a Google-style "
+                f"docstring with an `Args:` entry per argument: {exc}"
+            ) from exc
+        schema["function"]["parameters"]["properties"].pop("self", None)
+        schemas[name] = schema
+    return schemas
 
 
 def _failed(message: str, start: float) -> ToolResult:

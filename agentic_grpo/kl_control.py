@@ -67,6 +67,14 @@ def resolve_schedule(
     return schedule
 
 
+def schedule_for(config: Any) -> KLSchedule | None:
+    """The schedule an `AgenticGRPOConfig` asks for, checked against its `beta` (the value the controller scales)."""
+    schedule = resolve_schedule(config.kl_preset, config.kl_target, config.kl_factor, config.kl_min, config.kl_max)
+    if schedule is not None and config.beta == 0:
+        raise ValueError("the adaptive KL controller (kl_preset/kl_target) needs beta > 0: it scales beta")
+    return schedule
+
+
 def next_beta(beta: float, measured_kl: float, schedule: KLSchedule) -> float:
     """The coefficient for the next step given this step's measured KL."""
     if measured_kl > 1.5 * schedule.target:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agentic_grpo.backends import GenerationBackend
@@ -57,7 +57,6 @@ class RolloutStats:
     generation_seconds: float = 0.0
     tool_seconds: float = 0.0
     turns: int = 0
-    per_turn_live: list[int] = field(default_factory=list)
 
 
 class RolloutManager:
@@ -102,7 +101,6 @@ class RolloutManager:
                 if not live:
                     break
                 stats.turns += 1
-                stats.per_turn_live.append(len(live))
                 calls = self._model_turn(trajectories, live, backend, stats)
                 self._tool_turn(trajectories, environments, calls, stats)
             for t in trajectories:

@@ -215,7 +215,7 @@ def check_no_deepspeed_without_cuda(deepspeed: bool) -> None:
 
 def check_scaling(config: Any) -> None:
     """Refuse launch set-ups that cannot work, before anything is written (one message each)."""
-    from agentic_grpo.kl_control import resolve_schedule
+    from agentic_grpo.kl_control import schedule_for
 
     if config.use_vllm and config.vllm_importance_sampling_correction:
         raise ValueError(
@@ -238,9 +238,7 @@ def check_scaling(config: Any) -> None:
             "some processes would only hold part of a group; raise per_device_train_batch_size or "
             "steps_per_generation, or launch fewer processes"
         )
-    resolve_schedule(config.kl_preset, config.kl_target, config.kl_factor, config.kl_min, config.kl_max)
-    if (config.kl_preset or config.kl_target) and config.beta == 0:
-        raise ValueError("the adaptive KL controller (kl_preset/kl_target) needs beta > 0: it scales beta")
+    schedule_for(config)
     resume = config.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("last", "true"):
         from transformers.trainer_utils import get_last_checkpoint

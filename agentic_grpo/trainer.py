@@ -24,7 +24,7 @@ from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat, load_format
-from agentic_grpo.kl_control import AdaptiveKLCallback, resolve_schedule
+from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.plugins import PluginError, import_object
 from agentic_grpo.rollout import RolloutLimits, RolloutManager, RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
@@ -112,10 +112,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self._trajectories: list[Trajectory] = []
         self._rewards_per_func: torch.Tensor | None = None
         self.add_callback(RunFilesCallback(self))
-        schedule = resolve_schedule(args.kl_preset, args.kl_target, args.kl_factor, args.kl_min, args.kl_max)
+        schedule = schedule_for(args)
         if schedule is not None:
-            if self.beta == 0.0:
-                raise ValueError("the adaptive KL controller (kl_preset/kl_target) needs beta > 0")
             self.add_callback(AdaptiveKLCallback(self, schedule))
         self._staging_checkpoint = False
 
