@@ -122,13 +122,19 @@ def _as_nobody(*args: str) -> dict:
     script = directory / "nonroot.py"
     script.write_text(_NONROOT_SCRIPT)
     script.chmod(0o644)
+    # A copy of the sandbox package the unprivileged user can read, wherever the checkout lives
+    # (a clone under a private directory, e.g. mktemp's 0700, is unreadable to uid 65534).
+    package = directory / "agentic_grpo" / "sandbox"
+    shutil.copytree(ROOT / "agentic_grpo" / "sandbox", package, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [directory / "agentic_grpo", *package.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     try:
-        return _run_as_nobody(python, script, args)
+        return _run_as_nobody(python, script, directory, args)
     finally:
         shutil.rmtree(directory)
 
 
-def _run_as_nobody(python: str, script: Path, args: tuple[str, ...]) -> dict:
+def _run_as_nobody(python: str, script: Path, root: Path, args: tuple[str, ...]) -> dict:
     proc = subprocess.run(
         [
             "setpriv",
@@ -139,7 +145,7 @@ def _run_as_nobody(python: str, script: Path, args: tuple[str, ...]) -> dict:
             python,
             "-I",
             str(script),
-            str(ROOT),
+            str(root),
             *args,
         ],
         capture_output=True,
