@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["train"]:  # every recipe field is a flag of its own: hand them all to the recipe parser
         from agentic_grpo.train import main as train_main
 
-        return train_main(argv[1:])
+        return train_main(argv[1:], prog="agentic-grpo train")
     parser = argparse.ArgumentParser(
         prog="agentic-grpo",
         description="Train LLM agents with GRPO on multi-turn tool-use trajectories.",
@@ -49,10 +49,11 @@ def main(argv: list[str] | None = None) -> int:
 
     show = commands.add_parser(
         "show",
-        help="print trajectories of a run",
-        description="Print trajectories from a run's output directory or a trajectories/step_N.jsonl file.",
+        help="print trajectories of a run or an evaluation",
+        description="Print trajectories from a run's output directory, a trajectories/step_N.jsonl file, or an "
+        "evaluation's *.trajectories.jsonl (or the directory `agentic-grpo eval` wrote it to).",
     )
-    show.add_argument("path", help="output directory or trajectory file")
+    show.add_argument("path", help="output directory, model directory with an eval report, or trajectory file")
     show.add_argument("--step", type=int, help="step to show (default: the last saved)")
     show.add_argument("--index", type=int, help="show only this trajectory of the step")
     show.add_argument("--limit", type=int, default=4, help="trajectories to show (default 4)")
@@ -69,10 +70,11 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = commands.add_parser(
         "bench",
-        help="run a benchmark from benchmarks/ (prints JSON)",
-        description="Run benchmarks/NAME.py; any further arguments go to it (e.g. `bench learning --seed 1`).",
+        help="run a shipped benchmark (prints JSON)",
+        description="Run the benchmark NAME (agentic_grpo.benchmarks.NAME, the checkout's benchmarks/NAME.py); any "
+        "further arguments go to it (e.g. `bench learning --seed 1`, `bench sandbox --help`).",
     )
-    bench.add_argument("name", help="benchmark name: " + ", ".join(sorted(p.stem for p in BENCHMARKS.glob("*.py"))))
+    bench.add_argument("name", help="benchmark name: " + ", ".join(benchmark_names()))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_bench)
 
@@ -90,24 +92,25 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
 
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+def benchmark_names() -> list[str]:
+    from agentic_grpo.resources import shipped_names
+
+    return shipped_names("benchmarks", ".py")
 
 
 def _bench(args: argparse.Namespace) -> int:
     import subprocess
 
-    script = BENCHMARKS / f"{args.name}.py"
-    if not script.is_file():
-        known = ", ".join(sorted(p.stem for p in BENCHMARKS.glob("*.py"))) or "none"
-        print(f"error: no benchmark `{args.name}` (known: {known})", file=sys.stderr)
+    if args.name not in benchmark_names():
+        print(f"error: no benchmark `{args.name}` (known: {', '.join(benchmark_names())})", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, str(script), *args.args])
+    return subprocess.call([sys.executable, "-m", f"agentic_grpo.benchmarks.{args.name}", *args.args])
 
 
 def _train(args: argparse.Namespace) -> int:
     from agentic_grpo.train import main as train_main
 
-    return train_main(args.args)
+    return train_main(args.args, prog="agentic-grpo train")
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -116,7 +119,7 @@ def _eval(args: argparse.Namespace) -> int:
     from agentic_grpo.config import read_recipe
     from agentic_grpo.data import check_columns, load_task_data
     from agentic_grpo.evaluate import evaluate, load_policy, write_report
-    from agentic_grpo.train import build_rewards
+    from agentic_grpo.reward_setup import build_rewards
 
     try:
         recipe, config, _ = read_recipe(["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
@@ -177,31 +180,46 @@ def _show(args: argparse.Namespace) -> int:
         files = sorted((path / "trajectories").glob("step_*.jsonl"))
         if args.step is not None:
             files = [f for f in files if f.name.startswith(f"step_{args.step:06d}")]
+        elif not files:  # a model directory that `agentic-grpo eval` wrote its report into
+            files = sorted(path.glob("*.trajectories.jsonl"), key=lambda f: f.stat().st_mtime)
         if not files:
-            print(f"error: no trajectory files under {path / 'trajectories'}", file=sys.stderr)
+            print(f"error: no trajectory files under {path / 'trajectories'} (nor an eval report's "
+                  f"*.trajectories.jsonl in {path})", file=sys.stderr)  # fmt: skip
             return 2
         path = files[-1]
     elif not path.is_file():
         print(f"error: {path} does not exist", file=sys.stderr)
         return 2
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except ValueError:
+        records = None
+    if not records or not all(isinstance(r, dict) and "segments" in r for r in records):
+        print(f"error: {path} is not a trajectory file (JSON lines with `segments`: a run's trajectories/"
+              "step_N.jsonl or eval's *.trajectories.jsonl)", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.index is not None and not -len(records) <= args.index < len(records):
+        print(f"error: --index {args.index}: the file holds {len(records)} trajectories", file=sys.stderr)
+        return 2
     chosen = [records[args.index]] if args.index is not None else records[: args.limit]
     console = Console()
     console.print(f"[bold]{path}[/bold]: {len(records)} trajectories")
     styles = {"model": "green", "tool": "yellow"}
     for number, record in enumerate(chosen):
         body = Text()
-        question = (record.get("row") or {}).get("question") or record.get("prompt")
+        row = record.get("row") or {}
+        question = row.get("question") or record.get("prompt")
         body.append(f"Q: {question}\n", style="bold")
         for segment in record["segments"][1:]:
             body.append(segment["text"], style=styles.get(segment["role"], ""))
-        rewards = ", ".join(f"{k}={v}" for k, v in (record.get("rewards") or {}).items())
-        title = (
-            f"#{args.index if args.index is not None else number}  finish={record['finish_reason']}  "
-            f"answer={record.get('final_answer')!r}  gold={(record.get('row') or {}).get('answer')!r}  "
-            f"reward={record.get('reward')}  ({rewards})  advantage={record.get('advantage')}"
-        )
-        console.print(Panel(body, title=title, title_align="left"))
+        # Scores go in the body, which wraps; a panel title is cut at the terminal's width.
+        shown = dict(record.get("rewards") or {})
+        shown.update({k: record[k] for k in ("reward", "advantage", "correct", "error") if k in record})
+        scores = [f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in shown.items()]
+        body.append(f"\n\nanswer={record.get('final_answer')!r}  gold={row.get('answer')!r}\n", style="bold")
+        body.append("  ".join(scores), style="bold")
+        number = args.index if args.index is not None else number
+        console.print(Panel(body, title=f"#{number}  finish={record['finish_reason']}", title_align="left"))
     console.print("[green]model tokens (trained)[/green]  [yellow]tool output (not trained)[/yellow]")
     return 0
 

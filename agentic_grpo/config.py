@@ -18,6 +18,8 @@ import torch
 import yaml
 from trl import GRPOConfig, ModelConfig, TrlParser
 
+from agentic_grpo.resources import find_shipped
+
 
 @dataclass
 class AgenticGRPOConfig(GRPOConfig):
@@ -39,7 +41,7 @@ class AgenticGRPOConfig(GRPOConfig):
         metadata={"help": "KL coefficient against the frozen reference model (0 disables the reference)."},
     )
     environment: str = field(
-        default="tools.calculator:Calculator",
+        default="agentic_grpo.tools.calculator:Calculator",
         metadata={"help": "Tool environment class by import path (`module:Class`), one instance per trajectory."},
     )
     environment_kwargs: dict | str | None = field(
@@ -47,11 +49,20 @@ class AgenticGRPOConfig(GRPOConfig):
     )
     format: str = field(
         default="react",
-        metadata={"help": "Trajectory format: `react`, or a format class by import path."},
+        metadata={
+            "help": "Trajectory format: `react` (Thought/Action/Observation/Final Answer), `artist` "
+            "(<think>/<python>/<output>/<answer> tags), `tool_call` (the chat template's native <tool_call> JSON, "
+            "Hermes/Qwen), or a format class by import path."
+        },
     )
     format_kwargs: dict | str | None = field(
         default=None,
-        metadata={"help": "Keyword arguments of the format, e.g. ReAct's `examples` (few-shot) or `instructions`."},
+        metadata={
+            "help": "Keyword arguments of the format class. ReAct: `instructions` (system prompt with {tools}), "
+            "`examples` (few-shot as plain-text strings in the system prompt), `example_turns` (few-shot as earlier "
+            "chat turns: a list of {question, response}), `response_prefix`. ARTIST: `tool`, `instructions`, "
+            "`response_prefix`. tool_call: `instructions`, `answer_pattern`. A misspelled key is refused."
+        },
     )
     max_turns: int = field(default=6, metadata={"help": "Most model turns per trajectory (each may call a tool)."})
     max_tokens_per_turn: int = field(default=256, metadata={"help": "Most tokens the model writes in one turn."})
@@ -100,6 +111,22 @@ class AgenticGRPOConfig(GRPOConfig):
     eval_questions: int = field(
         default=48, metadata={"help": "Test questions used by `eval_before_after` (the first N of the split)."}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start over in an `output_dir` that already holds a run, deleting its run files (metrics, "
+            "trajectories, checkpoints). Without it such a run is refused, unless `--resume_from_checkpoint` "
+            "continues it."
+        },
+    )
+    on_reward_error: str = field(
+        default="raise",
+        metadata={
+            "help": "A reward function that raises: `raise` stops the run (after writing that step's "
+            "trajectories), `none` logs the error and gives that reward `None` for the batch (left out of the "
+            "sum, like a failed judge call)."
+        },
+    )
     wandb_mode: str | None = field(
         default=None,
         metadata={
@@ -122,6 +149,8 @@ class AgenticGRPOConfig(GRPOConfig):
                 setattr(self, name, {})
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
+        if self.on_reward_error not in ("raise", "none"):
+            raise ValueError(f"on_reward_error must be `raise` or `none`, got `{self.on_reward_error}`")
         if self.wandb_mode not in (None, "online", "offline", "disabled"):
             raise ValueError(f"wandb_mode must be `online`, `offline` or `disabled`, got `{self.wandb_mode}`")
 
@@ -154,9 +183,11 @@ def read_recipe(argv: list[str] | None = None) -> tuple[RecipeArguments, Agentic
     """Parse `--config recipe.yaml` plus command-line overrides; unknown keys fail with a suggestion."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" in argv:
-        path = Path(argv[argv.index("--config") + 1])
-        if not path.is_file():
-            raise ValueError(f"recipe file `{path}` does not exist")
+        position = argv.index("--config") + 1
+        if position == len(argv):
+            raise ValueError("--config needs a recipe: a YAML file or a shipped recipe's name (e.g. `cpu_demo`)")
+        path = find_shipped(argv[position], "recipes", ".yaml")
+        argv[position] = str(path)
         check_recipe_keys(yaml.safe_load(path.read_text()) or {}, path)
     flags = {a[2:].split("=")[0].replace("-", "_"): None for a in argv if a.startswith("--") and a != "--config"}
     check_recipe_keys(flags, "command line")

@@ -92,10 +92,8 @@ def evaluate(
         if pool is not None:
             pool.close()
 
-    columns = {key: [r.get(key) for r in repeated] for key in repeated[0]} if repeated else {}
-    scores = rewards[0](prompts=[None] * len(trajectories), completions=[None] * len(trajectories),
-                        trajectory=trajectories, **columns)  # fmt: skip
-    correct = [s is not None and s >= 1.0 for s in scores]
+    scores = score_trajectories(rewards, trajectories, repeated)
+    correct = [s is not None and s >= 1.0 for s in next(iter(scores.values()))]
     per_question = [any(correct[i * k : (i + 1) * k]) for i in range(len(rows))]
     calls = [r for t in trajectories for _, r in t.tool_calls]
     n = max(1, len(trajectories))
@@ -111,11 +109,39 @@ def evaluate(
         "tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
         "invalid_rate": sum(t.invalid for t in trajectories) / n,
     }
-    records = [
-        {**t.to_dict(), "answer": row.get("answer"), "correct": ok}
-        for t, row, ok in zip(trajectories, repeated, correct, strict=True)
-    ]
+    for name, values in scores.items():
+        given = [v for v in values if v is not None]
+        metrics[f"rewards/{name}/mean"] = sum(given) / len(given) if given else None
+    records = []
+    for i, (trajectory, row) in enumerate(zip(trajectories, repeated, strict=True)):
+        plain = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        per_reward = {name: values[i] for name, values in scores.items()}
+        records.append({**trajectory.to_dict(), "row": plain, "rewards": per_reward, "correct": correct[i]})
     return metrics, records
+
+
+def score_trajectories(
+    rewards: list, trajectories: list[Trajectory], rows: list[dict[str, Any]]
+) -> dict[str, list[float | None]]:
+    """Every reward's score of every trajectory, called as TRL calls it (async rewards awaited)."""
+    import asyncio
+    import inspect
+
+    columns = {key: [r.get(key) for r in rows] for key in rows[0]} if rows else {}
+    inputs = {
+        "prompts": [t.prompt for t in trajectories],
+        "completions": [[{"role": "assistant", "content": t.completion_text}] for t in trajectories],
+        "completion_ids": [t.completion_ids for t in trajectories],
+        "trajectory": trajectories,
+        **columns,
+    }
+    scores = {}
+    for func in rewards:
+        values = func(**inputs)
+        if inspect.isawaitable(values):
+            values = asyncio.run(values)
+        scores[func.__name__] = [None if v is None else float(v) for v in values]
+    return scores
 
 
 def write_report(path: str | Path, metrics: dict[str, Any], records: list[dict[str, Any]]) -> None:

@@ -70,3 +70,50 @@ def write_run_status(output_dir: str | Path, status: str, **extra: Any) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     tmp.replace(path)
+
+
+RUN_FILES = ("run.json", "metrics.jsonl", "held_out.json", "trajectories", "plots", "wandb", "partial-checkpoints")
+
+
+def previous_run(output_dir: str | Path) -> str | None:
+    """A description of the run already in `output_dir`, or None when it holds none."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return None
+    found = [name for name in RUN_FILES if (folder / name).exists()]
+    found += sorted(p.name for p in folder.glob("checkpoint-*"))
+    if not found:
+        return None
+    status = "unknown status"
+    if (folder / "run.json").is_file():
+        try:
+            status = f"status {json.loads((folder / 'run.json').read_text()).get('status', 'unknown')}"
+        except (OSError, ValueError):
+            pass
+    return f"{status}; holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}"
+
+
+def clear_previous_run(output_dir: str | Path) -> None:
+    """Delete the files of an earlier run (what `previous_run` finds), nothing else of the folder."""
+    import shutil
+
+    folder = Path(output_dir)
+    for path in [folder / name for name in RUN_FILES] + list(folder.glob("checkpoint-*")):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def trim_metrics_after(output_dir: str | Path, step: int) -> int:
+    """Drop `metrics.jsonl` lines logged after `step` (a resumed run logs those steps again); returns how many."""
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+    return len(lines) - len(kept)

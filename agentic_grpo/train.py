@@ -14,66 +14,28 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu_demo.yaml"
+DEFAULT_RECIPE = "cpu_demo"  # shipped as package data (agentic_grpo.recipes)
 logger = logging.getLogger("agentic_grpo")
 
 
-def build_rewards(specs: Any) -> tuple[list[Callable], list[float]]:
-    """Reward callables and their weights from a recipe's `rewards:` list."""
-    from agentic_grpo.plugins import PluginError, import_object
-
-    if not specs:
-        raise ValueError(
-            "recipe field `rewards` is empty: name at least one, e.g. `{type: rewards.rules:Correctness}`"
-        )
-    if not isinstance(specs, list):
-        raise ValueError("recipe field `rewards` must be a list of `{type: module:Class, weight: w, ...}`")
-    funcs, weights, names = [], [], set()
-    for position, spec in enumerate(specs):
-        if not isinstance(spec, dict) or "type" not in spec:
-            raise ValueError(f"reward #{position + 1} must be a mapping with a `type` key, got {spec!r}")
-        spec = dict(spec)
-        path, weight, name = spec.pop("type"), spec.pop("weight", 1.0), spec.pop("name", None)
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool):
-            raise ValueError(f"reward `{path}`: weight must be a number, got {weight!r}")
-        target = import_object(path, what="reward")
-        try:
-            func = target(**spec) if isinstance(target, type) else target
-        except (TypeError, ValueError, OSError) as exc:
-            raise PluginError(f"reward `{path}`: {exc}") from exc
-        if not isinstance(target, type) and spec:
-            raise PluginError(f"reward `{path}` is a function and takes no options; got {sorted(spec)}")
-        if not callable(func):
-            raise PluginError(f"reward `{path}` is not callable")
-        name = name or getattr(func, "__name__", None) or type(func).__name__
-        if name in names:
-            raise ValueError(f"two rewards are named `{name}`: give each a distinct `name`")
-        names.add(name)
-        if isinstance(target, type):
-            func.__name__ = name
-        funcs.append(func)
-        weights.append(float(weight))
-    return funcs, weights
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Train with a recipe; `prog` is the command name `--help` shows (`train.py` or `agentic-grpo train`)."""
     # transformers 5 renamed `gradient_checkpointing`; TRL's config still sets the old name,
     # and the warning would greet every user at every start.
     warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        argv = ["--config", str(DEFAULT_RECIPE)]
-        print(f"No recipe given: running the offline CPU demo ({DEFAULT_RECIPE.name}).", flush=True)
+        argv = ["--config", DEFAULT_RECIPE]
+        print(f"No recipe given: running the offline CPU demo (recipe `{DEFAULT_RECIPE}`).", flush=True)
     if argv[0] in ("-h", "--help"):
         from trl import TrlParser
 
         from agentic_grpo.config import RECIPE_TYPES
 
-        TrlParser(RECIPE_TYPES).parse_args_and_config(argv)
+        TrlParser(RECIPE_TYPES, prog=prog or Path(sys.argv[0]).name).parse_args_and_config(argv)
         return 0
     try:
         setup = prepare(argv)
@@ -92,6 +54,8 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
     from agentic_grpo.data import add_prompts, check_columns, load_task_data
     from agentic_grpo.formats import load_format
     from agentic_grpo.models import resolve_model
+    from agentic_grpo.plugins import check_options
+    from agentic_grpo.reward_setup import build_rewards, check_reward_columns, returning_none_on_error
     from agentic_grpo.trainer import load_environment
 
     use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group
@@ -107,8 +71,10 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
         ) from exc
     check_scaling(config)
     set_seed(config.seed)
-    model_path = resolve_model(model_config.model_name_or_path or "")
+    # Plug-ins and data first: a misspelled option or a missing column is reported before a model loads.
     environment = load_environment(config.environment)
+    check_options(environment, config.environment_kwargs, f"environment `{config.environment}` "
+                  "(recipe field `environment_kwargs`)")  # fmt: skip
     trajectory_format = load_format(config.format, environment.tool_schemas(), **config.format_kwargs)
     rewards, weights = build_rewards(recipe.rewards)
     if config.reward_weights is not None and len(config.reward_weights) != len(rewards):
@@ -118,10 +84,14 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
     train, test = load_task_data(recipe.dataset)
     if config.eval_strategy != "no" and test is None:
         raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")
-    required = ["question"] + sorted({c for r in rewards for c in getattr(r, "required_columns", ())})
-    check_columns(train, required, "training data")
+    check_columns(train, ["question"], "training data")
+    check_reward_columns(rewards, train.column_names, "training data")
     if test is not None:
-        check_columns(test, required, "test data")
+        check_columns(test, ["question"], "test data")
+        check_reward_columns(rewards, test.column_names, "test data")
+    if config.on_reward_error == "none":
+        rewards = [returning_none_on_error(r) for r in rewards]
+    model_path = resolve_model(model_config.model_name_or_path or "")
     train = add_prompts(train, trajectory_format)
     test = add_prompts(test, trajectory_format) if test is not None else None
 
@@ -253,6 +223,7 @@ def check_scaling(config: Any) -> None:
             f"--resume_from_checkpoint `{resume}` is not a checkpoint ({hint}): give a `checkpoint-N` directory "
             "from a run's output_dir, or `last` for the newest one in output_dir"
         )
+    check_output_dir(config)
     if "wandb" in (config.report_to or []):
         if importlib.util.find_spec("wandb") is None:
             raise ValueError(
@@ -262,6 +233,36 @@ def check_scaling(config: Any) -> None:
             os.environ["WANDB_MODE"] = config.wandb_mode
         # W&B's files (offline runs included) live with the run, not in the current directory.
         os.environ.setdefault("WANDB_DIR", str(Path(config.output_dir).resolve()))
+
+
+def check_output_dir(config: Any) -> None:
+    """Never mix two runs in one `output_dir`: refuse, resume, or (when asked) start over."""
+    from agentic_grpo.run_files import clear_previous_run, previous_run, trim_metrics_after
+
+    if not is_main_process():  # one process decides (and alone writes); the others could see its new files
+        return
+    found = previous_run(config.output_dir)
+    if found is None:
+        return
+    if config.resume_from_checkpoint:
+        step = json.loads((Path(config.resume_from_checkpoint) / "trainer_state.json").read_text())["global_step"]
+        dropped = trim_metrics_after(config.output_dir, step)
+        print(f"Resuming the run in {config.output_dir} from step {step}"
+              + (f" (dropped {dropped} metrics lines logged after it)" if dropped else ""), flush=True)  # fmt: skip
+        return
+    if config.overwrite_output_dir:
+        print(f"Overwriting the earlier run in {config.output_dir} ({found}).", flush=True)
+        clear_previous_run(config.output_dir)
+        return
+    raise ValueError(
+        f"output_dir `{config.output_dir}` already holds a run ({found}). Continue it with "
+        "`--resume_from_checkpoint last`, start over with `--overwrite_output_dir true` (deletes its run files), "
+        "or choose another `--output_dir`"
+    )
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def summary(output_dir: Path) -> str:

@@ -122,7 +122,16 @@ class AgenticGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         # `rollout_func` receives only the prompts; the environments need the whole rows.
         self._rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
-        output = super()._generate_and_score_completions(inputs)
+        self._trajectories, self._rewards_per_func = [], None
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        except Exception as exc:
+            # A reward that raises ends the run; the step's trajectories are what its author needs to debug it.
+            if self.model.training and self._trajectories:
+                path = self._save_trajectories(None, error=f"{type(exc).__name__}: {exc}")
+                if path is not None:
+                    print(f"The step's trajectories are in {path}", flush=True)
+            raise
         if self.model.training:
             self._save_trajectories(output.get("advantages"))
         return output
@@ -187,14 +196,17 @@ class AgenticGRPOTrainer(GRPOTrainer):
         metrics["time/generation"].append(gen_s / procs)
         metrics["time/tools"].append(tool_s / procs)
 
-    def _save_trajectories(self, advantages: torch.Tensor | None) -> None:
+    def _save_trajectories(self, advantages: torch.Tensor | None, error: str | None = None) -> Any:
+        """Write this step's trajectories (with rewards and advantages, or with the `error` that stopped scoring)."""
         every = self.args.save_trajectories_steps
         step = self.state.global_step + 1  # the optimizer step these trajectories train
-        if not every or step % every or self._rewards_per_func is None:
-            return
+        if error is None and (not every or step % every or self._rewards_per_func is None):
+            return None
         n = len(self._trajectories)
-        start = self.accelerator.process_index * n
-        rewards = self._rewards_per_func[start : start + n].cpu()
+        rewards = None
+        if self._rewards_per_func is not None:
+            start = self.accelerator.process_index * n
+            rewards = self._rewards_per_func[start : start + n].cpu()
         weights = self.reward_weights.cpu()
         names = self.reward_func_names
         records = []
@@ -202,17 +214,20 @@ class AgenticGRPOTrainer(GRPOTrainer):
             record = trajectory.to_dict()
             row = self._rows[i] if i < len(self._rows) else {}
             record["row"] = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
-            per_func = {
-                name: (None if torch.isnan(r) else float(r)) for name, r in zip(names, rewards[i], strict=False)
-            }
-            record["rewards"] = per_func
-            record["reward"] = float(torch.nansum(rewards[i] * weights))
+            if rewards is not None:
+                record["rewards"] = {
+                    name: (None if torch.isnan(r) else float(r)) for name, r in zip(names, rewards[i], strict=False)
+                }
+                record["reward"] = float(torch.nansum(rewards[i] * weights))
             if advantages is not None and i < len(advantages):
                 record["advantage"] = float(advantages[i])
+            if error is not None:
+                record["error"] = error
             records.append(record)
-        RunFilesCallback.write_trajectories(self.args.output_dir, step, records, self.accelerator)
-        if wandb_reporting(self.args):
+        path = RunFilesCallback.write_trajectories(self.args.output_dir, step, records, self.accelerator)
+        if error is None and wandb_reporting(self.args):
             log_trajectory_table(step, records, self.accelerator)
+        return path
 
     # --- checkpoints: written atomically ------------------------------------------------
 

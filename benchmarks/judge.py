@@ -25,10 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from agentic_grpo.rewards.judge import LLMJudge
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
-from rewards.judge import LLMJudge
 
 
 def make_batch(queries: int, group_size: int) -> dict:

@@ -4,8 +4,8 @@ Evaluates the untrained model on the recipe's held-out split, trains with the re
 (`train.py`, a real run), evaluates the trained adapter or model on the same split, and
 reports both accuracies, the minutes, the peak memory and the seed.
 
-    .venv/bin/python benchmarks/learning.py --seed 0
-    .venv/bin/python benchmarks/learning.py --seed 1 --max-steps 40 --questions 48
+    agentic-grpo bench learning --seed 0
+    agentic-grpo bench learning --seed 1 --max-steps 40 --questions 48
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 
 def held_out_accuracy(model: str, recipe: str, questions: int, k: int) -> dict:
     from agentic_grpo.config import read_recipe
     from agentic_grpo.data import load_task_data
     from agentic_grpo.evaluate import evaluate, load_policy
-    from agentic_grpo.train import build_rewards
+    from agentic_grpo.reward_setup import build_rewards
 
     recipe_args, config, _ = read_recipe(["--config", recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
     rewards, _ = build_rewards(recipe_args.rewards)
@@ -38,7 +35,7 @@ def held_out_accuracy(model: str, recipe: str, questions: int, k: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "cpu_demo.yaml"))
+    parser.add_argument("--recipe", default="cpu_demo", help="recipe file or shipped recipe name (default: cpu_demo)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, help="training steps (default: the recipe's)")
     parser.add_argument("--questions", type=int, default=48, help="held-out questions to evaluate")
@@ -48,16 +45,19 @@ def main() -> int:
 
     import yaml
 
+    from agentic_grpo.resources import find_shipped
+
+    args.recipe = str(find_shipped(args.recipe, "recipes", ".yaml"))
     base_model = yaml.safe_load(Path(args.recipe).read_text())["model_name_or_path"]
-    output_dir = args.output_dir or str(ROOT / "outputs" / f"learning-seed{args.seed}")
+    output_dir = args.output_dir or str(Path("outputs") / f"learning-seed{args.seed}")
     before = held_out_accuracy(base_model, args.recipe, args.questions, args.k)
 
-    command = [sys.executable, str(ROOT / "train.py"), "--config", args.recipe, "--seed", str(args.seed),
+    command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", args.recipe, "--seed", str(args.seed),
                "--output_dir", output_dir, "--eval_before_after", "false"]  # fmt: skip
     if args.max_steps:
         command += ["--max_steps", str(args.max_steps)]
     start = time.time()
-    subprocess.run(command, check=True, cwd=ROOT, stdout=sys.stderr)  # stdout carries only the JSON
+    subprocess.run(command, check=True, stdout=sys.stderr)  # stdout carries only the JSON
     minutes = (time.time() - start) / 60
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 

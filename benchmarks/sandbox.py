@@ -19,9 +19,6 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentic_grpo.sandbox import SandboxConfig, SandboxPool  # noqa: E402
 

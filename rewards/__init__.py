@@ -1,1 +1,1 @@
-"""Built-in rewards. Recipes name them by import path, e.g. `rewards.rules:Correctness`."""
+"""Built-in rewards. Recipes name them by import path, e.g. `agentic_grpo.rewards.rules:Correctness`."""

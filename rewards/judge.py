@@ -10,7 +10,7 @@ that reports what it cost (`judge/*` metrics) through TRL's `log_metric`.
 A recipe names it like any reward:
 
     rewards:
-      - {name: judge, type: rewards.judge:LLMJudge, weight: 0.5,
+      - {name: judge, type: agentic_grpo.rewards.judge:LLMJudge, weight: 0.5,
          endpoint: http://127.0.0.1:8000/v1, model: judge, rubric: rubrics/tool_use.md}
 
 Every key except name/type/weight is a keyword argument of `LLMJudge`.
@@ -28,14 +28,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentic_grpo.resources import find_shipped
+from agentic_grpo.rewards.judge_backends import JudgeBackend, JudgeReply, LocalBackend, OpenAIBackend
+from agentic_grpo.rewards.judge_parsing import parse_group_scores, parse_score
 from agentic_grpo.trajectory import Trajectory
-from rewards.judge_backends import JudgeBackend, JudgeReply, LocalBackend, OpenAIBackend
-from rewards.judge_parsing import parse_group_scores, parse_score
 
 logger = logging.getLogger(__name__)
 
-RUBRIC_DIR = Path(__file__).resolve().parent.parent / "rubrics"
-DEFAULT_RUBRICS = {"trajectory": RUBRIC_DIR / "tool_use.md", "group": RUBRIC_DIR / "tool_use_group.md"}
+DEFAULT_RUBRICS = {"trajectory": "tool_use", "group": "tool_use_group"}  # shipped in agentic_grpo.rubrics
 # Only these names are substituted, so a rubric may show JSON examples with braces freely.
 PLACEHOLDERS = {
     "trajectory": {"question", "reference", "trajectory"},
@@ -55,8 +55,8 @@ class LLMJudge:
         endpoint: Base URL of an OpenAI-compatible API (OpenAI, vLLM, llama.cpp, ...), e.g.
             `http://127.0.0.1:8000/v1`. Required for `backend: openai`.
         backend: `openai` (default when `endpoint` is set) or `local` (the model is loaded in this process).
-        rubric: Path of the rubric template (relative paths are tried from the working directory, then from
-            the project root). Default: `rubrics/tool_use.md`, or `rubrics/tool_use_group.md` in group mode.
+        rubric: Path of the rubric template, or the name of a shipped one (`tool_use`, `tool_use_group`; an
+            existing file wins). Default: `tool_use`, or `tool_use_group` in group mode.
             Placeholders: `{trajectory}` (required, trajectory mode) or `{trajectories}` and `{n}` (group mode,
             `{trajectories}` required), and `{question}`, `{reference}` in both. Other braces are left as written.
         mode: `trajectory` (one call per trajectory) or `group` (one call per query showing all of its consecutive
@@ -365,16 +365,15 @@ def _consecutive_groups(questions: list[str], prompts: list[Any]) -> list[list[i
 
 
 def _load_rubric(rubric: str | os.PathLike | None, mode: str) -> tuple[Path, str]:
-    path = Path(rubric) if rubric is not None else DEFAULT_RUBRICS[mode]
-    if not path.is_absolute() and not path.exists() and (RUBRIC_DIR.parent / path).exists():
-        path = RUBRIC_DIR.parent / path
-    if not path.is_file():
-        raise ValueError(f"LLMJudge field `rubric`: file {str(rubric)!r} does not exist (looked in {Path.cwd()})")
+    try:
+        path = find_shipped(rubric if rubric is not None else DEFAULT_RUBRICS[mode], "rubrics", ".md")
+    except ValueError as exc:
+        raise ValueError(f"LLMJudge field `rubric`: {exc}") from None
     text = path.read_text(encoding="utf-8")
     required = REQUIRED_PLACEHOLDER[mode]
     if "{" + required + "}" not in text:
         known = ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS[mode]))
-        hint = f" (the default group rubric is {DEFAULT_RUBRICS['group']})" if mode == "group" else ""
+        hint = f" (the shipped group rubric is `{DEFAULT_RUBRICS['group']}`)" if mode == "group" else ""
         raise ValueError(
             f"LLMJudge field `rubric`: {path} has no {{{required}}} placeholder, needed in mode `{mode}`{hint}; "
             f"placeholders it may use: {known}"

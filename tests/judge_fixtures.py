@@ -15,6 +15,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -205,9 +206,39 @@ def smollm2_gguf() -> Path | None:
     return path if path.exists() else None
 
 
+def describe_exit(returncode: int | None, log_text: str, lines: int = 15) -> str:
+    """Why a server process is gone, for a test failure: the exit code or signal, and its last log lines."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        how = f"killed by signal {name}"
+        if name == "SIGILL":
+            how += (
+                " (an instruction this CPU cannot run: llama.cpp was built for another CPU; rebuild it portably, "
+                'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --no-cache-dir --force-reinstall llama-cpp-python)'
+            )
+    else:
+        how = f"exited with code {returncode}"
+    tail = "\n".join(log_text.splitlines()[-lines:]) or "(the log is empty)"
+    return f"{how}; last log lines:\n{tail}"
+
+
+class LlamaServer:
+    """A running llama-cpp-python server process, its URL and log."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log: Path) -> None:
+        self.process, self.url, self.log = process, url, log
+
+    def check_alive(self, when: str) -> None:
+        if self.process.poll() is not None:
+            log_text = self.log.read_text(errors="replace")
+            pytest.fail(f"the llama.cpp judge server died {when}: {describe_exit(self.process.returncode, log_text)}")
+
+
 @pytest.fixture(scope="session")
-def llama_server(tmp_path_factory):
-    """Base URL (`http://127.0.0.1:PORT/v1`) of llama-cpp-python's server on SmolLM2-135M, model alias `judge`."""
+def llama_server_process(tmp_path_factory):
+    """llama-cpp-python's server on SmolLM2-135M (model alias `judge`), started once per session."""
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip('needs the dev extra: pip install "llama-cpp-python[server]"')
     gguf = smollm2_gguf()
@@ -230,25 +261,36 @@ def llama_server(tmp_path_factory):
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "NO_PROXY": "*"})
-    url = f"http://127.0.0.1:{port}/v1"
+    server = LlamaServer(process, f"http://127.0.0.1:{port}/v1", log)
     try:
         for _ in range(300):  # up to 60 s; it usually answers within 1-2 s
-            if process.poll() is not None:
-                pytest.fail(f"llama.cpp server exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+            server.check_alive("while starting")
             try:
-                with urllib.request.urlopen(f"{url}/models", timeout=1):
+                with urllib.request.urlopen(f"{server.url}/models", timeout=1):
                     break
             except OSError:
                 time.sleep(0.2)
         else:
-            pytest.fail(f"llama.cpp server did not answer on {url} within 60 s:\n{log.read_text()[-2000:]}")
-        yield url
+            pytest.fail(f"llama.cpp server did not answer on {server.url} within 60 s:\n{log.read_text()[-2000:]}")
+        yield server
     finally:
         process.terminate()
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture
+def llama_server(llama_server_process):
+    """Base URL (`http://127.0.0.1:PORT/v1`) of the session's judge server, checked alive before and after the test.
+
+    A server that dies mid-test (a crash, SIGILL on a CPU it was not built for) fails the test with the
+    signal and the server's last log lines, instead of a bare "Connection refused".
+    """
+    llama_server_process.check_alive("before this test")
+    yield llama_server_process.url
+    llama_server_process.check_alive("during this test")
 
 
 @pytest.fixture

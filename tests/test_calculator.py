@@ -2,8 +2,8 @@
 
 import pytest
 
+from agentic_grpo.tools.calculator import Calculator, evaluate
 from agentic_grpo.trajectory import ToolCall
-from tools.calculator import Calculator, evaluate
 
 
 @pytest.mark.parametrize(

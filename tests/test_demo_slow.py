@@ -26,7 +26,7 @@ def test_demo_parses_and_executes_real_calculator_calls(tmp_path):
     assert calls, "the demo's trajectories contain calculator calls"
     executed = [c for c in calls if c["result"]["error"] is None]
     assert executed, "at least one calculator call ran without error"
-    from tools.calculator import evaluate
+    from agentic_grpo.tools.calculator import evaluate
 
     for call in executed:
         assert call["result"]["output"] == str(evaluate(call["call"]["arguments"]["expression"]))

@@ -14,7 +14,7 @@ import logging
 import pytest
 from trl.trainer.utils import is_async_callable
 
-from rewards.judge import LLMJudge, render_trajectory
+from agentic_grpo.rewards.judge import LLMJudge, render_trajectory
 from tests.judge_fixtures import FaultProxy, free_port, make_trajectory, proxy, reward_inputs
 
 
@@ -165,7 +165,7 @@ def test_api_key_comes_from_the_named_env_var_and_is_never_shown(proxy, monkeypa
 
 
 def test_unreachable_endpoint_warns_once_counts_failures_and_does_not_crash(caplog):
-    with caplog.at_level(logging.WARNING, logger="rewards.judge"):
+    with caplog.at_level(logging.WARNING, logger="agentic_grpo.rewards.judge"):
         judge = LLMJudge(endpoint=f"http://127.0.0.1:{free_port()}/v1", model="judge", max_retries=1, backoff_s=0.01)
         scores, metrics = run(judge, reward_inputs(["Q-a", "Q-b"]))
         run(judge, reward_inputs(["Q-c"]))
@@ -179,7 +179,7 @@ def test_unreachable_endpoint_warns_once_counts_failures_and_does_not_crash(capl
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"rubric": "rubrics/nope.md"}, "field `rubric`: file 'rubrics/nope.md' does not exist"),
+        ({"rubric": "rubrics/nope.md"}, "field `rubric`: rubric `rubrics/nope.md` is neither a file"),
         ({"rubric": "NO_PLACEHOLDER"}, "has no {trajectory} placeholder"),
         (
             {"mode": "group", "rubric": "rubrics/tool_use.md"},

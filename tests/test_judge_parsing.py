@@ -2,7 +2,7 @@
 
 import pytest
 
-from rewards.judge_parsing import normalise, parse_group_scores, parse_score
+from agentic_grpo.rewards.judge_parsing import normalise, parse_group_scores, parse_score
 
 
 @pytest.mark.parametrize(

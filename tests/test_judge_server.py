@@ -13,11 +13,20 @@ Exact parsing and fault handling are specified in `test_judge.py` through the pr
 # ruff: noqa: F401, F811
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
-from rewards.judge import LLMJudge
-from tests.judge_fixtures import FaultProxy, llama_server, reward_inputs, tiny_model_dir
+from agentic_grpo.rewards.judge import LLMJudge
+from tests.judge_fixtures import (
+    FaultProxy,
+    LlamaServer,
+    llama_server,
+    llama_server_process,
+    reward_inputs,
+    tiny_model_dir,
+)
 
 
 def run(judge: LLMJudge, inputs: dict) -> tuple[list, dict]:
@@ -88,3 +97,15 @@ def test_local_backend_scores_what_the_model_writes(tiny_model_dir, monkeypatch)
     monkeypatch.setattr(judge.backend, "_generate", lambda prompts: ['{"scores": [10, 0]}'] * len(prompts))
     scores, _ = run(judge, reward_inputs(["q", "q"]))
     assert scores == [pytest.approx(1.0), pytest.approx(0.0)]
+
+
+def test_a_server_that_dies_is_reported_with_its_signal_and_log(tmp_path):
+    """The fixture's check, on a real process killed by SIGILL (what a non-portable llama.cpp build does)."""
+    log = tmp_path / "server.log"
+    log.write_text("loading model\nserver ready\n")
+    process = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"])
+    process.wait(60)
+    server = LlamaServer(process, "http://127.0.0.1:1/v1", log)
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)died during this test: killed by signal SIGILL.*"
+                       r"GGML_NATIVE=OFF.*server ready"):  # fmt: skip
+        server.check_alive("during this test")

@@ -29,10 +29,10 @@ def test_thirty_percent_judge_failures_cost_no_training_step(tmp_path):
     recipe.update(
         dataset={"path": "json", "data_files": str(data)},
         rewards=[
-            {"type": "rewards.rules:Correctness", "weight": 1.0},
+            {"type": "agentic_grpo.rewards.rules:Correctness", "weight": 1.0},
             {
                 "name": "judge",
-                "type": "rewards.judge:LLMJudge",
+                "type": "agentic_grpo.rewards.judge:LLMJudge",
                 "weight": 0.5,
                 "endpoint": proxy.url,
                 "model": "judge",

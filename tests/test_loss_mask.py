@@ -27,7 +27,7 @@ def trainer_and_batch(tiny_model_dir, tmp_path):
     rows = [{"prompt": case_prompt(name), "question": name, "answer": "408"} for name in SCRIPTS]
     config = AgenticGRPOConfig(
         output_dir=str(tmp_path),
-        environment="tools.calculator:Calculator",
+        environment="agentic_grpo.tools.calculator:Calculator",
         num_generations=4,
         per_device_train_batch_size=4,
         max_completion_length=160,

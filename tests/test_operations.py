@@ -56,7 +56,7 @@ def recipe(tmp_path_factory) -> Path:
     recipe.update(
         max_steps=3, save_steps=1, max_turns=2, max_tokens_per_turn=12, max_completion_length=48,
         learning_rate=5e-3, kl_preset="tool_use", report_to="wandb", wandb_mode="offline",
-        rewards=[{"type": "tests.varied_rewards:distinct_characters"}, {"type": "rewards.rules:Correctness"}],
+        rewards=[{"type": "tests.varied_rewards:distinct_characters"}, {"type": "agentic_grpo.rewards.rules:Correctness"}],
         env={"WANDB_PROJECT": "agentic-grpo-tests"},
     )  # fmt: skip
     path = tmp_path_factory.mktemp("recipe") / "recipe.yaml"

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentic_grpo.formats import FinalAnswer, Malformed, load_format
+from agentic_grpo.tools.calculator import Calculator
 from agentic_grpo.trajectory import ToolCall, ToolResult
-from tools.calculator import Calculator
 
 FMT = load_format("react", Calculator.tool_schemas())
 
@@ -85,7 +85,7 @@ def test_parser_never_raises_on_arbitrary_text(text):
 
 
 def test_native_tool_call_format_parses_calls_and_answers():
-    from tools.toolbox import MathToolbox
+    from agentic_grpo.tools.toolbox import MathToolbox
 
     fmt = load_format("tool_call", MathToolbox.tool_schemas(), answer_pattern=r"Answer:\s*(.+)")
     assert '"name": "calculator"' in fmt.system_prompt() and '"name": "python"' in fmt.system_prompt()

@@ -137,7 +137,7 @@ def test_unparsable_turns_never_crash_the_loop(tokenizer, bad):
 
 def test_code_runs_in_one_sandbox_slot_per_trajectory_and_workspaces_are_removed(tokenizer):
     from agentic_grpo.sandbox import SandboxConfig, SandboxPool
-    from tools.python import PythonInterpreter
+    from agentic_grpo.tools.python import PythonInterpreter
 
     code = "import os; open('mine.txt','w').write('x'); print(os.getcwd(), sorted(os.listdir('.')))"
     call = "Action: python\nAction Input: " + json.dumps({"code": code}) + "\nObservation:"

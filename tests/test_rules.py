@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentic_grpo.rewards.rules import Correctness, FormatAdherence, LengthPenalty, ToolSuccess, normalize_answer
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
-from rewards.rules import Correctness, FormatAdherence, LengthPenalty, ToolSuccess, normalize_answer
 
 
 def trajectory(answer=None, turns=2, malformed=0, calls=(), model_tokens=10):

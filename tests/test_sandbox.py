@@ -156,7 +156,7 @@ def test_cli_exec_prints_json(capsys):
 
 
 def test_python_interpreter_tool_runs_in_a_slot(pool):
-    from tools.python import PythonInterpreter
+    from agentic_grpo.tools.python import PythonInterpreter
 
     with pool.acquire() as slot:
         tool = PythonInterpreter()

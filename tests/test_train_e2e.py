@@ -71,7 +71,7 @@ def test_run_is_marked_completed_with_a_checkpoint_and_summary(ci_run):
         (["--max_turn", "3"], "max_turn"),
         (["--model_name_or_path", "./no/such/model"], "does not exist"),
         (["--environment", "no_such_module:Tools"], "cannot import module `no_such_module`"),
-        (["--environment", "tools.calculator:Nope"], "has no `Nope`"),
+        (["--environment", "agentic_grpo.tools.calculator:Nope"], "has no `Nope`"),
     ],
 )
 def test_bad_command_line_stops_before_any_output(tmp_path, override, message):
@@ -108,12 +108,12 @@ def test_dataset_without_needed_columns_is_refused(tmp_path):
     recipe = write_recipe(tmp_path, dataset={"path": "json", "data_files": str(data)})
     result = train("--config", str(recipe), timeout=120)
     assert result.returncode == 2
-    assert "lack column(s) ['answer']" in result.stderr and "solution" in result.stderr
+    assert "reward `correctness` needs column(s) ['answer']" in result.stderr and "solution" in result.stderr
     assert not (tmp_path / "out").exists()
 
 
 def test_unknown_reward_type_is_refused(tmp_path):
-    recipe = write_recipe(tmp_path, rewards=[{"type": "rewards.rules:Corectness"}])
+    recipe = write_recipe(tmp_path, rewards=[{"type": "agentic_grpo.rewards.rules:Corectness"}])
     result = train("--config", str(recipe), timeout=120)
     assert result.returncode == 2 and "has no `Corectness`" in result.stderr
 

@@ -13,3 +13,8 @@ from typing import Any
 def distinct_characters(prompts: list, completions: list, trajectory: list, **_: Any) -> list[float]:
     """The number of distinct characters of the trajectory's text, scaled to about [0, 1]."""
     return [len(set(t.completion_text)) / 50 for t in trajectory]
+
+
+def raising(prompts: list, completions: list, **_: Any) -> list[float]:
+    """A reward with a bug: it always raises (for the tests of `on_reward_error`)."""
+    raise RuntimeError("the reward broke")

@@ -1,1 +1,1 @@
-"""Built-in tool environments. Recipes name them by import path, e.g. `tools.calculator:Calculator`."""
+"""Built-in tool environments. Recipes name them by import path, e.g. `agentic_grpo.tools.calculator:Calculator`."""

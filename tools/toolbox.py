@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tools.calculator import Calculator
-from tools.python import PythonInterpreter
+from agentic_grpo.tools.calculator import Calculator
+from agentic_grpo.tools.python import PythonInterpreter
 
 
 class MathToolbox(Calculator, PythonInterpreter):

@@ -60,7 +60,8 @@ FORMATS = {
 
 def load_format(name: str, tool_schemas: list[dict[str, Any]], **kwargs: Any) -> TrajectoryFormat:
     """Build the format named `name` (a short name from `FORMATS` or an import path)."""
-    from agentic_grpo.plugins import import_object
+    from agentic_grpo.plugins import check_options, import_object
 
     cls = import_object(FORMATS.get(name, name), what="format")
+    check_options(cls, kwargs, f"format `{name}` (recipe field `format_kwargs`)")
     return cls(tool_schemas=tool_schemas, **kwargs)

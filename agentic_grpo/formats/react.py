@@ -64,11 +64,23 @@ class ReActFormat:
         for placeholder in ("{tools}",):
             if placeholder not in self.instructions:
                 raise ValueError(f"ReAct instructions need a {placeholder} placeholder")
+        shapes = (
+            "ReAct takes few-shot examples two ways: `examples`, a list of plain-text strings appended to the "
+            "system prompt, or `example_turns`, a list of `{question: ..., response: ...}` mappings given as "
+            "earlier chat turns"
+        )
+        if examples is not None and (not isinstance(examples, list) or not all(isinstance(e, str) for e in examples)):
+            raise ValueError(f"format_kwargs `examples` must be a list of strings, got {examples!r:.120}. {shapes}")
+        if example_turns is not None and (
+            not isinstance(example_turns, list)
+            or not all(isinstance(t, dict) and set(t) == {"question", "response"} for t in example_turns)
+        ):
+            raise ValueError(
+                "format_kwargs `example_turns` must be a list of mappings with exactly `question` and `response`, "
+                f"got {example_turns!r:.120}. {shapes}"
+            )
         self.examples = list(examples or [])
         self.example_turns = list(example_turns or [])
-        for turn in self.example_turns:
-            if not isinstance(turn, dict) or set(turn) != {"question", "response"}:
-                raise ValueError("each of ReAct's `example_turns` needs exactly `question` and `response`")
         self.response_prefix = response_prefix
 
     def prompt_messages(self, question: str) -> list[dict[str, str]]:

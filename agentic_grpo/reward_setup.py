@@ -1,0 +1,121 @@
+"""A recipe's `rewards:` list turned into TRL reward functions, checked at start-up.
+
+TRL calls each reward as `func(prompts=..., completions=..., completion_ids=..., **columns)`
+and only then finds out that a parameter has no column, or that a recipe option was
+misspelled. Here every entry is checked before the model loads: its options against the
+constructor (with "did you mean"), its required parameters against the data's columns.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agentic_grpo.plugins import PluginError, check_options, import_object
+
+logger = logging.getLogger(__name__)
+
+# What TRL (and our rollout) pass every reward besides the dataset's columns.
+PASSED_BY_TRAINER = {
+    "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "trajectory",
+}  # fmt: skip
+ENTRY_KEYS = ("type", "weight", "name")
+
+
+def build_rewards(specs: Any) -> tuple[list[Callable], list[float]]:
+    """Reward callables and their weights from a recipe's `rewards:` list."""
+    if not specs:
+        raise ValueError(
+            "recipe field `rewards` is empty: name at least one, e.g. `{type: agentic_grpo.rewards.rules:Correctness}`"
+        )
+    if not isinstance(specs, list):
+        raise ValueError("recipe field `rewards` must be a list of `{type: module:Class, weight: w, ...}`")
+    funcs, weights, names = [], [], set()
+    for position, spec in enumerate(specs):
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ValueError(f"reward #{position + 1} must be a mapping with a `type` key, got {spec!r}")
+        spec = dict(spec)
+        path, weight, name = spec.pop("type"), spec.pop("weight", 1.0), spec.pop("name", None)
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool):
+            raise ValueError(f"reward `{path}`: weight must be a number, got {weight!r}")
+        target = import_object(path, what="reward")
+        if not isinstance(target, type) and spec:
+            raise PluginError(
+                f"reward `{path}` is a function and takes no options; got {sorted(spec)} "
+                f"(an entry's own keys are {', '.join(ENTRY_KEYS)})"
+            )
+        if isinstance(target, type):
+            check_options(target, spec, f"reward `{path}`", extra=ENTRY_KEYS)
+        try:
+            func = target(**spec) if isinstance(target, type) else target
+        except (TypeError, ValueError, OSError) as exc:
+            raise PluginError(f"reward `{path}`: {exc}") from exc
+        if not callable(func):
+            raise PluginError(f"reward `{path}` is not callable")
+        name = name or getattr(func, "__name__", None) or type(func).__name__
+        if name in names:
+            raise ValueError(f"two rewards are named `{name}`: give each a distinct `name`")
+        names.add(name)
+        if isinstance(target, type):
+            func.__name__ = name
+        funcs.append(func)
+        weights.append(float(weight))
+    return funcs, weights
+
+
+def required_columns(func: Callable) -> list[str]:
+    """Dataset columns a reward needs: its `required_columns`, and parameters without a default."""
+    needed = set(getattr(func, "required_columns", ()))
+    call = func if inspect.isfunction(func) or inspect.ismethod(func) else getattr(func, "__call__", func)  # noqa: B004
+    try:
+        parameters = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):
+        return sorted(needed)
+    for p in parameters:
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            needed.add(p.name)
+    return sorted(needed - PASSED_BY_TRAINER)
+
+
+def check_reward_columns(rewards: list[Callable], columns: list[str], where: str) -> None:
+    """Fail at start-up, naming the reward and the column, when a reward needs a column the data lacks."""
+    for func in rewards:
+        missing = [c for c in required_columns(func) if c not in columns]
+        if missing:
+            raise ValueError(
+                f"reward `{func.__name__}` needs column(s) {missing}, which the {where} lacks (it has {columns}); "
+                "add them to the data, or give the parameter a default"
+            )
+
+
+def returning_none_on_error(func: Callable) -> Callable:
+    """`func`, but a raised exception is logged and the batch gets `None` (no reward) instead."""
+
+    def fallback(exc: Exception, kwargs: dict[str, Any]) -> list[None]:
+        logger.error("reward `%s` raised %s: %s; it gives None for this batch", func.__name__, type(exc).__name__, exc)
+        return [None] * len(kwargs.get("completions") or kwargs.get("prompts") or [])
+
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):  # noqa: B004
+
+        @functools.wraps(func)
+        async def guarded_async(*args: Any, **kwargs: Any) -> list:
+            try:
+                return await func(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the recipe asked for None instead of a crash
+                return fallback(exc, kwargs)
+
+        guarded_async.__name__ = func.__name__
+        return guarded_async
+
+    @functools.wraps(func)
+    def guarded(*args: Any, **kwargs: Any) -> list:
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the recipe asked for None instead of a crash
+            return fallback(exc, kwargs)
+
+    guarded.__name__ = func.__name__
+    return guarded

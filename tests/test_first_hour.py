@@ -1,0 +1,174 @@
+"""What a new user runs into in their first hour: nested-setting typos, rewards that need columns or raise,
+re-running into an output directory, and the `show` / `eval` / `--help` commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentic_grpo.cli import main as cli_main
+from agentic_grpo.formats import load_format
+from agentic_grpo.plugins import PluginError
+from agentic_grpo.reward_setup import build_rewards, check_reward_columns
+from agentic_grpo.tools.calculator import Calculator
+from tests.test_train_e2e import ROOT, train, write_recipe
+
+SCHEMAS = Calculator.tool_schemas()
+
+
+# --- nested settings: "did you mean", and the shapes of few-shot examples --------------------
+
+
+def test_misspelled_reward_option_is_named_with_a_suggestion():
+    with pytest.raises(PluginError, match=r"option `wieght` is not known; did you mean `weight`\?"):
+        build_rewards([{"type": "agentic_grpo.rewards.rules:FormatAdherence", "wieght": 0.2}])
+    with pytest.raises(PluginError, match=r"option `math_verfy` is not known; did you mean `math_verify`\?"):
+        build_rewards([{"type": "agentic_grpo.rewards.rules:Correctness", "math_verfy": False}])
+
+
+def test_misspelled_format_option_is_named_with_a_suggestion():
+    with pytest.raises(PluginError, match=r"format `react` .*option `exampel_turns` is not known; did you mean "
+                       r"`example_turns`\?"):  # fmt: skip
+        load_format("react", SCHEMAS, exampel_turns=[])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"examples": [{"question": "q", "response": "r"}]}, "`examples` must be a list of strings"),
+        ({"examples": "Question: q"}, "`examples` must be a list of strings"),
+        ({"example_turns": ["Question: q\nFinal Answer: a"]}, "`example_turns` must be a list of mappings"),
+    ],
+)
+def test_wrong_shape_of_examples_explains_both_forms(kwargs, message):
+    with pytest.raises(ValueError, match=message) as caught:
+        load_format("react", SCHEMAS, **kwargs)
+    assert "`examples`, a list of plain-text strings" in str(caught.value)
+    assert "`example_turns`, a list of `{question: ..., response: ...}`" in str(caught.value)
+
+
+def test_help_names_the_command_and_lists_every_format(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: agentic-grpo train")
+    assert "`react`" in out and "`artist`" in out and "`tool_call`" in out
+    assert "example_turns" in out
+
+
+# --- rewards: columns checked at start-up, errors that leave the trajectories behind ---------
+
+
+def needs_difficulty(prompts, completions, difficulty, **kwargs):
+    return [1.0 for _ in completions]
+
+
+def test_reward_parameter_without_a_column_is_named_at_start_up():
+    with pytest.raises(ValueError, match=r"reward `needs_difficulty` needs column\(s\) \['difficulty'\]"):
+        check_reward_columns([needs_difficulty], ["question", "answer", "prompt"], "training data")
+    check_reward_columns([needs_difficulty], ["question", "difficulty"], "training data")  # present: accepted
+
+
+def test_custom_reward_missing_a_column_stops_before_the_model_loads(tmp_path):
+    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.test_first_hour:needs_difficulty"}],
+                          model_name_or_path="./no/such/model")  # fmt: skip
+    result = train("--config", str(recipe), timeout=120)
+    assert result.returncode == 2
+    assert "reward `needs_difficulty` needs column(s) ['difficulty']" in result.stderr  # not the model error
+    assert not (tmp_path / "out").exists()
+
+
+def test_reward_that_raises_stops_the_run_after_writing_the_steps_trajectories(tmp_path):
+    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:raising"}], max_steps=1)
+    result = train("--config", str(recipe), timeout=600)
+    assert result.returncode != 0 and "the reward broke" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "out" / "trajectories" / "step_000001.jsonl").open()]
+    assert len(records) == 4 and all("RuntimeError: the reward broke" in r["error"] for r in records)
+    assert all(r["segments"][1]["role"] == "model" for r in records)
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "failed"
+
+
+def test_on_reward_error_none_turns_a_failing_reward_into_no_reward(tmp_path):
+    rewards = [{"type": "tests.varied_rewards:raising"}, {"type": "agentic_grpo.rewards.rules:FormatAdherence"}]
+    recipe = write_recipe(tmp_path, rewards=rewards, max_steps=1, on_reward_error="none")
+    result = train("--config", str(recipe), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "reward `raising` raised RuntimeError: the reward broke" in result.stderr
+    records = [json.loads(line) for line in (tmp_path / "out" / "trajectories" / "step_000001.jsonl").open()]
+    assert all(r["rewards"]["raising"] is None and r["rewards"]["format"] is not None for r in records)
+
+
+# --- output_dir: never two runs in one directory -------------------------------------------
+
+
+def fake_run(folder: Path) -> None:
+    (folder / "trajectories").mkdir(parents=True)
+    (folder / "checkpoint-2").mkdir()
+    (folder / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    (folder / "run.json").write_text(json.dumps({"status": "completed"}))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.1}) + "\n" for s in (1, 2, 3)))
+    (folder / "notes.txt").write_text("the user's own file")
+
+
+def test_rerun_into_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
+    out = tmp_path / "out"
+    fake_run(out)
+    before = (out / "metrics.jsonl").read_text()
+    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), timeout=120)
+    assert result.returncode == 2
+    assert "already holds a run (status completed" in result.stderr
+    assert "--resume_from_checkpoint last" in result.stderr and "--overwrite_output_dir true" in result.stderr
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_overwrite_deletes_the_run_files_and_nothing_else(tmp_path):
+    from agentic_grpo.run_files import clear_previous_run, previous_run
+
+    fake_run(tmp_path)
+    clear_previous_run(tmp_path)
+    assert previous_run(tmp_path) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
+    from agentic_grpo.run_files import trim_metrics_after
+
+    fake_run(tmp_path)
+    assert trim_metrics_after(tmp_path, 2) == 1
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()] == [1, 2]
+
+
+# --- eval and show ------------------------------------------------------------------------
+
+
+def test_eval_reports_each_reward_and_show_reads_its_trajectories(tmp_path):
+    env = {"AGENTIC_GRPO_CACHE": str(ROOT / ".model-cache"), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    report = tmp_path / "eval.json"
+    command = [sys.executable, "-m", "agentic_grpo.cli"]
+    result = subprocess.run(
+        [*command, "eval", "--model", "tiny-random-llama", "--recipe", "ci_tiny", "--limit", "2",
+         "--output", str(report)],
+        capture_output=True, text=True, timeout=600, env={**__import__("os").environ, **env},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(report.read_text())
+    assert "rewards/correctness/mean" in metrics and "rewards/format/mean" in metrics
+    shown = subprocess.run(
+        [*command, "show", str(report.with_suffix(".trajectories.jsonl"))],
+        capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "COLUMNS": "60"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    first_question = json.loads(report.with_suffix(".trajectories.jsonl").open().readline())["row"]["question"]
+    assert first_question.split()[0] in shown.stdout and "gold='" in shown.stdout
+    assert "correctness=" in shown.stdout and "format=" in shown.stdout  # not cut at the panel's width
+
+
+def test_show_refuses_a_file_that_is_not_trajectories(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n')
+    assert cli_main(["show", str(path)]) == 2
+    assert "is not a trajectory file" in capsys.readouterr().err
