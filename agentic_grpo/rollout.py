@@ -179,20 +179,25 @@ class RolloutManager:
                 trajectory.tool_calls.append((call, result))
             else:
                 result = ToolResult(output=f"Error: {call.reason}.", error=call.reason)
-            text, ids = self._observation(result, stop_reason)
+            text, ids = self._observation(result, stop_reason, trajectory.segments[-1].token_ids[-1:])
             if len(trajectory.completion_ids) + len(ids) >= self.limits.max_completion_tokens:
                 trajectory.finish_reason = "length"
                 continue
             trajectory.segments.append(Segment("tool", ids, text))
         stats.tool_seconds += time.perf_counter() - start
 
-    def _observation(self, result: ToolResult, stop_reason: str) -> tuple[str, list[int]]:
+    def _observation(self, result: ToolResult, stop_reason: str, last_ids: list[int]) -> tuple[str, list[int]]:
         body = self.format.render_observation(result, after_stop=stop_reason == "stop")
         if stop_reason != "eos":
             return body, encode_untrusted(self.tokenizer, body)
         # The model closed its chat turn: the observation arrives as a user turn and the
-        # next assistant turn is opened, with the template's own markers.
+        # next assistant turn is opened, with the template's own markers. The template's
+        # end-of-turn text is dropped when the model's own EOS token already wrote it,
+        # whichever of the model's EOS ids that was.
         prefix, suffix = self._wrapper
+        ended_with = self.tokenizer.decode(last_ids)
+        if ended_with and prefix.startswith(ended_with):
+            prefix = prefix[len(ended_with) :]
         body = body.strip()
         ids = (
             self.tokenizer(prefix, add_special_tokens=False)["input_ids"]
@@ -229,7 +234,8 @@ class RolloutManager:
 
 
 def user_turn_wrapper(tokenizer: Any) -> tuple[str, str]:
-    """Text before and after a user message that follows a closed assistant turn, from the chat template.
+    """Text after an assistant reply and before a user message (the end of the assistant turn included),
+    and after that message up to the next assistant turn, from the chat template.
 
     Rendered once on a dummy conversation; used only for observations after the model
     emitted EOS. Falls back to plain newlines for tokenizers without a chat template.
@@ -244,9 +250,6 @@ def user_turn_wrapper(tokenizer: Any) -> tuple[str, str]:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except Exception:  # noqa: BLE001 - no usable template: plain text is the honest fallback
         return "\n", "\n"
-    after = text[text.index(reply) + len(reply) :]
-    eos = tokenizer.eos_token or ""
-    if eos and after.startswith(eos):
-        after = after[len(eos) :]
+    after = text[text.index(reply) + len(reply) :]  # starts with the template's end of an assistant turn
     prefix, _, suffix = after.partition(question)
     return prefix, suffix

@@ -29,4 +29,12 @@ def truncate_tool_output(text: str, tokenizer: Any, max_tokens: int) -> tuple[st
     while len(encode_untrusted(tokenizer, cut)) > max_tokens and (head or tail):
         head, tail = max(0, head - 1), max(0, tail - 1)
         cut = tokenizer.decode(ids[:head]) + marker + (tokenizer.decode(ids[-tail:]) if tail else "")
+    if len(encode_untrusted(tokenizer, cut)) <= max_tokens:
+        return cut, True
+    # A budget smaller than the marker: the head alone, as much of it as fits (the flag says it was cut).
+    keep = max_tokens
+    cut = tokenizer.decode(ids[:keep])
+    while keep and len(encode_untrusted(tokenizer, cut)) > max_tokens:
+        keep -= 1
+        cut = tokenizer.decode(ids[:keep])
     return cut, True

@@ -15,8 +15,9 @@ class ScriptedBackend:
     that trajectory (n = `turn_marker`s, "Observation:" for ReAct, seen after the tag) returns `scripts[NAME][n]`.
     """
 
-    def __init__(self, tokenizer, scripts: dict[str, list[str]], turn_marker: str = "Observation:"):
+    def __init__(self, tokenizer, scripts: dict[str, list[str]], turn_marker: str = "Observation:", eos_ids=None):
         self.tokenizer = tokenizer
+        self.eos_ids = eos_ids or [tokenizer.eos_token_id]
         self.turn_marker = turn_marker
         self.scripts = scripts
         self.batches: list[int] = []  # live trajectories per call
@@ -33,7 +34,7 @@ class ScriptedBackend:
             script = self.scripts[name]
             text = script[turn] if turn < len(script) else "Final Answer: out of script<|im_end|>"
             new_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:max_new_tokens]
-            generation = cut_generation(new_ids, [self.tokenizer.eos_token_id], stop, self.tokenizer)
+            generation = cut_generation(new_ids, self.eos_ids, stop, self.tokenizer)
             self.returned.append(generation.token_ids)
             out.append(generation)
         return out

@@ -170,3 +170,24 @@ def test_native_tool_calls_get_tool_responses_in_a_user_turn(tokenizer):
     assert t.segments[2].text == (
         "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_eos_other_than_the_tokenizers_closes_the_turn_once(tokenizer):
+    """A model whose EOS list holds the template's end-of-turn token while `tokenizer.eos_token` is another one
+    (Qwen-style: eos_token <|endoftext|>, turns end with <|im_end|>) gets one end-of-turn, not two."""
+    import copy
+
+    other = copy.deepcopy(tokenizer)
+    other.eos_token = "<|endoftext|>"
+    eos_ids = [other.convert_tokens_to_ids("<|im_end|>"), other.eos_token_id]
+    fmt = load_format("react", MisbehavingTools.tool_schemas())
+    manager = RolloutManager(MisbehavingTools, fmt, other, RolloutLimits())
+    eos_call = 'Action: calculator\nAction Input: {"expression": "2 * 3"}<|im_end|>'
+    backend = ScriptedBackend(other, {"eos": [eos_call, "Final Answer: 6<|im_end|>"]}, eos_ids=eos_ids)
+    try:
+        [t], _ = manager.rollout([case_prompt("eos")], [{"case": "eos"}], backend)
+    finally:
+        manager.close()
+    model, tool = t.segments[1], t.segments[2]
+    assert model.text.endswith("<|im_end|>")
+    assert tool.text == "\n<|im_start|>user\nObservation: 6<|im_end|>\n<|im_start|>assistant\n"
