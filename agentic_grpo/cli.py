@@ -120,9 +120,11 @@ def _eval(args: argparse.Namespace) -> int:
     from agentic_grpo.data import check_columns, load_task_data
     from agentic_grpo.evaluate import evaluate, load_policy, write_report
     from agentic_grpo.reward_setup import build_rewards
+    from agentic_grpo.run_parts import build_rollout_parts
 
     try:
         recipe, config, _ = read_recipe(["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
+        parts = build_rollout_parts(config)
         rewards, _ = build_rewards(recipe.rewards)
         if args.data:
             if not Path(args.data).is_file():
@@ -141,9 +143,8 @@ def _eval(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    metrics, records = evaluate(
-        model, tokenizer, config, rewards, rows, k=args.k, temperature=args.temperature, batch_size=args.batch_size
-    )
+    metrics, records = evaluate(model, tokenizer, parts, rewards, rows, k=args.k, temperature=args.temperature,
+                                top_p=config.top_p, batch_size=args.batch_size)  # fmt: skip
     metrics["model"] = args.model
     output = args.output or (
         str(Path(args.model) / "eval.json") if Path(args.model).is_dir() else "outputs/eval/eval.json"

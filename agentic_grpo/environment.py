@@ -26,7 +26,9 @@ from transformers.utils import get_json_schema
 
 from agentic_grpo.trajectory import ToolCall, ToolResult
 
-_RESERVED = {"reset", "close", "execute", "tools", "tool_schemas"}
+_RESERVED = {"reset", "close", "execute", "tools", "tool_schemas", "wait_idle"}
+# How long after a code tool's own (sandbox) deadline the caller stops waiting for it.
+SANDBOX_GRACE_S = 5.0
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
 
 
@@ -35,8 +37,8 @@ class ToolEnvironment:
 
     Attributes set by the rollout manager before `reset`:
         workspace: a fresh private directory for this trajectory (or None).
-        sandbox: a sandbox slot when the class sets `needs_sandbox = True`.
-        tool_timeout: wall-clock seconds allowed per call.
+        sandbox: a sandbox slot when the class sets `needs_sandbox = True`; it owns the deadline of the code
+            it runs (the recipe's `tool_timeout`).
     """
 
     needs_sandbox: ClassVar[bool] = False
@@ -44,7 +46,7 @@ class ToolEnvironment:
     def __init__(self) -> None:
         self.workspace: Path | None = None
         self.sandbox: Any = None
-        self.tool_timeout: float = 10.0
+        self._workers: list[threading.Thread] = []
 
     def reset(self, row: dict[str, Any]) -> None:
         """Prepare for a new trajectory on dataset row `row` (override to keep state)."""
@@ -70,8 +72,13 @@ class ToolEnvironment:
         """JSON schemas of the tools, from type hints and Google-style docstrings (a copy the caller may change)."""
         return copy.deepcopy(list(_schemas_of(cls).values()))
 
-    def execute(self, call: ToolCall) -> ToolResult:
-        """Run one call under the wall timeout; every failure becomes a `ToolResult` the model can read."""
+    def execute(self, call: ToolCall, timeout: float) -> ToolResult:
+        """Run one call within `timeout` seconds; every failure becomes a `ToolResult` the model can read.
+
+        A pure tool gets `timeout` as its wall limit. A code tool's deadline belongs to its sandbox,
+        which kills the process tree and returns what the code printed; here it only gets a safety
+        net `SANDBOX_GRACE_S` later, for a sandbox that does not answer at all.
+        """
         start = time.perf_counter()
         tools = self.tools()
         if call.name not in tools:
@@ -92,11 +99,12 @@ class ToolEnvironment:
         # A daemon thread, because a pure tool that hangs cannot be killed from Python; code
         # that could hang for real runs in the sandbox, whose timeout kills the process tree.
         worker = threading.Thread(target=run, daemon=True, name=f"tool-{call.name}")
+        self._workers = [w for w in self._workers if w.is_alive()] + [worker]
         worker.start()
-        worker.join(self.tool_timeout)
+        worker.join(timeout + SANDBOX_GRACE_S if self.needs_sandbox else timeout)
         if worker.is_alive():
             return ToolResult(
-                output=f"Error: `{call.name}` timed out after {self.tool_timeout:g} s.",
+                output=f"Error: `{call.name}` timed out after {timeout:g} s.",
                 error="timeout",
                 timed_out=True,
                 seconds=time.perf_counter() - start,
@@ -108,6 +116,14 @@ class ToolEnvironment:
             value.seconds = value.seconds or time.perf_counter() - start
             return value
         return ToolResult(output="" if value is None else str(value), seconds=time.perf_counter() - start)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for calls still running (past their guard); True once none is."""
+        deadline = time.monotonic() + timeout
+        for worker in self._workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        self._workers = [w for w in self._workers if w.is_alive()]
+        return not self._workers
 
 
 @functools.cache

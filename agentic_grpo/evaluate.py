@@ -15,6 +15,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from agentic_grpo.run_parts import RolloutParts
 from agentic_grpo.trajectory import Trajectory
 
 
@@ -38,11 +39,12 @@ def load_policy(path: str) -> tuple[Any, Any]:
 def evaluate(
     model: Any,
     tokenizer: Any,
-    config: Any,
+    parts: RolloutParts,
     rewards: list,
     rows: list[dict[str, Any]],
     k: int = 1,
     temperature: float = 0.7,
+    top_p: float = 1.0,
     batch_size: int = 16,
     progress: bool = True,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -50,12 +52,8 @@ def evaluate(
     from transformers import GenerationConfig
 
     from agentic_grpo.backends import TransformersBackend
-    from agentic_grpo.formats import load_format
-    from agentic_grpo.rollout import RolloutLimits, RolloutManager
-    from agentic_grpo.trainer import load_environment, make_sandbox_pool
 
-    environment = load_environment(config.environment)
-    trajectory_format = load_format(config.format, environment.tool_schemas(), **config.format_kwargs)
+    trajectory_format = parts.trajectory_format
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = model.generation_config.eos_token_id
@@ -64,20 +62,13 @@ def evaluate(
     generation_config = GenerationConfig(
         do_sample=sampling,
         temperature=temperature if sampling else None,
-        top_p=config.top_p if sampling else None,
+        top_p=top_p if sampling else None,
         top_k=None,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos_ids,
     )
-    pool = make_sandbox_pool(config, rank=0) if environment.needs_sandbox else None
-    env_kwargs = dict(config.environment_kwargs or {})
-    manager = RolloutManager(
-        lambda: environment(**env_kwargs),
-        trajectory_format,
-        tokenizer,
-        RolloutLimits.from_config(config),
-        sandbox_pool=pool,
-    )
+    pool = parts.sandbox_pool(rank=0)
+    manager = parts.rollout_manager(tokenizer, pool)
     backend = TransformersBackend(model.eval(), tokenizer, generation_config, eos_ids)
     repeated = [row for row in rows for _ in range(k)]
     trajectories: list[Trajectory] = []
@@ -158,7 +149,7 @@ def held_out_accuracy(trainer: Any, rewards: list, rows: list[dict[str, Any]]) -
     model = trainer.accelerator.unwrap_model(trainer.model)
     was_training = model.training
     try:
-        metrics, _ = evaluate(model, trainer.processing_class, trainer.args, rewards, rows, k=1, progress=True)
+        metrics, _ = evaluate(model, trainer.processing_class, trainer.rollout_parts, rewards, rows, k=1)
     finally:
         model.train(was_training)
     return metrics

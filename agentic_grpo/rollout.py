@@ -13,29 +13,39 @@ TRL multiplies into the loss mask.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentic_grpo.backends import GenerationBackend
-from agentic_grpo.environment import ToolEnvironment
+from agentic_grpo.environment import SANDBOX_GRACE_S, ToolEnvironment
 from agentic_grpo.formats import FinalAnswer, Malformed, TrajectoryFormat
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
 from agentic_grpo.truncation import encode_untrusted, truncate_tool_output
 
+logger = logging.getLogger(__name__)
+
+
+def _recipe_default(name: str) -> Any:
+    """A budget's one default: the recipe field's (`AgenticGRPOConfig`)."""
+    from agentic_grpo.config import AgenticGRPOConfig
+
+    return AgenticGRPOConfig.__dataclass_fields__[name].default
+
 
 @dataclass
 class RolloutLimits:
-    """The budgets of one trajectory (see `AgenticGRPOConfig` for each field's meaning)."""
+    """The budgets of one trajectory; each field's default and meaning is the recipe field's (`AgenticGRPOConfig`)."""
 
-    max_turns: int = 6
-    max_tokens_per_turn: int = 256
-    max_completion_tokens: int = 1024
-    max_tool_output_tokens: int = 256
-    tool_timeout: float = 10.0
-    tool_workers: int = 16
+    max_turns: int = field(default_factory=lambda: _recipe_default("max_turns"))
+    max_tokens_per_turn: int = field(default_factory=lambda: _recipe_default("max_tokens_per_turn"))
+    max_completion_tokens: int = field(default_factory=lambda: _recipe_default("max_completion_length"))
+    max_tool_output_tokens: int = field(default_factory=lambda: _recipe_default("max_tool_output_tokens"))
+    tool_timeout: float = field(default_factory=lambda: _recipe_default("tool_timeout"))
+    tool_workers: int = field(default_factory=lambda: _recipe_default("tool_workers"))
 
     @classmethod
     def from_config(cls, config: Any) -> RolloutLimits:
@@ -84,7 +94,7 @@ class RolloutManager:
         self.limits = limits
         self.sandbox_pool = sandbox_pool
         self._wrapper = user_turn_wrapper(tokenizer)
-        self._executor = ThreadPoolExecutor(max_workers=limits.tool_workers, thread_name_prefix="tools")
+        self._executor: ThreadPoolExecutor | None = None
 
     def rollout(
         self, prompts: list[Any], rows: list[dict[str, Any]], backend: GenerationBackend
@@ -163,8 +173,10 @@ class RolloutManager:
     ) -> None:
         """Run this turn's calls concurrently and append each observation as a non-trainable segment."""
         start = time.perf_counter()
+        if self._executor is None:  # started on first use, again after `close()`
+            self._executor = ThreadPoolExecutor(max_workers=self.limits.tool_workers, thread_name_prefix="tools")
         futures = {
-            i: self._executor.submit(environments[i][0].execute, call)
+            i: self._executor.submit(environments[i][0].execute, call, self.limits.tool_timeout)
             for i, (call, _) in calls.items()
             if isinstance(call, ToolCall)
         }
@@ -208,7 +220,6 @@ class RolloutManager:
 
     def _open_environment(self, row: dict[str, Any]) -> tuple[ToolEnvironment, Any]:
         environment = self.environment_factory()
-        environment.tool_timeout = self.limits.tool_timeout
         slot = None
         if environment.needs_sandbox:
             if self.sandbox_pool is None:
@@ -226,11 +237,17 @@ class RolloutManager:
         try:
             environment.close()
         finally:
-            if slot is not None:
+            # A call that outlived its guard may still be inside the slot; the sandbox's own deadline ends it.
+            if slot is not None and environment.wait_idle(self.limits.tool_timeout + SANDBOX_GRACE_S):
                 self.sandbox_pool.release(slot)
+            elif slot is not None:
+                logger.error("a tool call is still running in sandbox slot %s; the slot is kept, not reused", slot)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the tool threads; a later `rollout` starts new ones."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
 
 def user_turn_wrapper(tokenizer: Any) -> tuple[str, str]:

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,25 +39,38 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         TrlParser(RECIPE_TYPES, prog=prog or Path(sys.argv[0]).name).parse_args_and_config(argv)
         return 0
     try:
-        setup = prepare(argv)
+        prepared = prepare(argv)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return run(*setup)
+    return run(prepared)
 
 
-def prepare(argv: list[str]) -> tuple[Any, ...]:
+@dataclass
+class PreparedRun:
+    """Everything a training run needs, built and checked once from the recipe (`prepare`)."""
+
+    config: Any
+    model_path: str
+    rollout_parts: Any
+    rewards: list
+    train: Any
+    test: Any
+    peft_config: Any
+    argv: list[str]
+
+
+def prepare(argv: list[str]) -> PreparedRun:
     """Everything that can be checked before training; raises ValueError with one clear message."""
     from transformers import set_seed
     from trl import get_peft_config
 
     from agentic_grpo.config import read_recipe
     from agentic_grpo.data import add_prompts, check_columns, load_task_data
-    from agentic_grpo.formats import load_format
     from agentic_grpo.models import resolve_model
-    from agentic_grpo.plugins import check_options
     from agentic_grpo.reward_setup import build_rewards, check_reward_columns, returning_none_on_error
-    from agentic_grpo.trainer import load_environment
+    from agentic_grpo.run_parts import build_rollout_parts
+    from agentic_grpo.trainer import check_trainer_setup
 
     use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group
     check_no_deepspeed_without_cuda(os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true")
@@ -69,17 +83,15 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
         raise ValueError(
             f"the recipe asks for DeepSpeed, which is not installed: pip install deepspeed ({exc})"
         ) from exc
-    check_scaling(config)
     set_seed(config.seed)
     # Plug-ins and data first: a misspelled option or a missing column is reported before a model loads.
-    environment = load_environment(config.environment)
-    check_options(environment, config.environment_kwargs, f"environment `{config.environment}` "
-                  "(recipe field `environment_kwargs`)")  # fmt: skip
-    trajectory_format = load_format(config.format, environment.tool_schemas(), **config.format_kwargs)
+    parts = build_rollout_parts(config)
     rewards, weights = build_rewards(recipe.rewards)
     if config.reward_weights is not None and len(config.reward_weights) != len(rewards):
         raise ValueError(f"`reward_weights` has {len(config.reward_weights)} values for {len(rewards)} rewards")
     config.reward_weights = weights
+    check_trainer_setup(config, rewards)
+    check_scaling(config)
 
     train, test = load_task_data(recipe.dataset)
     if config.eval_strategy != "no" and test is None:
@@ -92,8 +104,8 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
     if config.on_reward_error == "none":
         rewards = [returning_none_on_error(r) for r in rewards]
     model_path = resolve_model(model_config.model_name_or_path or "")
-    train = add_prompts(train, trajectory_format)
-    test = add_prompts(test, trajectory_format) if test is not None else None
+    train = add_prompts(train, parts.trajectory_format)
+    test = add_prompts(test, parts.trajectory_format) if test is not None else None
 
     model_kwargs: dict[str, Any] = dict(config.model_init_kwargs or {})
     if model_config.dtype not in (None, "auto"):
@@ -102,24 +114,27 @@ def prepare(argv: list[str]) -> tuple[Any, ...]:
         model_kwargs.setdefault("attn_implementation", model_config.attn_implementation)
     config.model_init_kwargs = model_kwargs
     peft_config = get_peft_config(model_config)
-    return config, model_path, rewards, train, test, peft_config, argv
+    return PreparedRun(config, model_path, parts, rewards, train, test, peft_config, argv)
 
 
-def run(config: Any, model_path: str, rewards: list, train: Any, test: Any, peft_config: Any, argv: list[str]) -> int:
+def run(prepared: PreparedRun) -> int:
     from agentic_grpo.run_files import write_run_status
     from agentic_grpo.trainer import AgenticGRPOTrainer
+
+    config, model_path, rewards, test = prepared.config, prepared.model_path, prepared.rewards, prepared.test
 
     start = time.time()
     # With `eval_strategy: steps` and `eval_steps: N`, TRL scores the held-out split every N
     # steps through the same rollouts (logged as eval_*); otherwise it is left alone.
     evaluating = config.eval_strategy != "no"
     trainer = AgenticGRPOTrainer(
-        model=model_path, reward_funcs=rewards, args=config, train_dataset=train, peft_config=peft_config,
+        model=model_path, reward_funcs=rewards, args=config, train_dataset=prepared.train,
+        rollout_parts=prepared.rollout_parts, peft_config=prepared.peft_config,
         eval_dataset=test if evaluating else None,
     )  # fmt: skip
     main_process = trainer.accelerator.is_main_process
     if main_process:
-        write_run_status(config.output_dir, "running", argv=argv, model=model_path, started=time.ctime(start))
+        write_run_status(config.output_dir, "running", argv=prepared.argv, model=model_path, started=time.ctime(start))
     held_out: dict[str, Any] = {}
     measure = config.eval_before_after and test is not None and trainer.accelerator.num_processes == 1
     try:
@@ -187,11 +202,6 @@ def check_scaling(config: Any) -> None:
     """Refuse launch set-ups that cannot work, before anything is written (one message each)."""
     from agentic_grpo.kl_control import schedule_for
 
-    if config.use_vllm and config.vllm_importance_sampling_correction:
-        raise ValueError(
-            "`use_vllm: true` needs `vllm_importance_sampling_correction: false`: multi-turn trajectories do not "
-            "carry vLLM's sampling log-probs yet (TRL recomputes the old log-probs with the policy instead)"
-        )
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
         raise ValueError(
             "recipe asks for vLLM (`use_vllm: true`) but vllm is not installed: `pip install vllm` on a CUDA "

@@ -10,9 +10,12 @@ split of a step, and the run files (`metrics.jsonl`, `trajectories/step_N.jsonl`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import os
 import shutil
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -23,11 +26,11 @@ from trl import GRPOTrainer
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.environment import ToolEnvironment
-from agentic_grpo.formats import TrajectoryFormat, load_format
+from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
-from agentic_grpo.plugins import PluginError, import_object
-from agentic_grpo.rollout import RolloutLimits, RolloutManager, RolloutStats
+from agentic_grpo.rollout import RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
+from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
 from agentic_grpo.trajectory import Trajectory
 from agentic_grpo.vllm_backend import VLLMBackend
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
@@ -39,23 +42,22 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 STAGING_DIR = "partial-checkpoints"
 
 
-def load_environment(path: str) -> type[ToolEnvironment]:
-    """The environment class named by a recipe, checked to be a `ToolEnvironment` with valid tool schemas."""
-    cls = import_object(path, what="environment")
-    if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
-        raise PluginError(f"environment `{path}` is not a subclass of agentic_grpo.ToolEnvironment")
-    if not cls.tools():
-        raise PluginError(f"environment `{path}` has no tools: add public methods with type hints and docstrings")
-    cls.tool_schemas()  # raises, naming the tool, when a docstring or hint is missing
-    return cls
-
-
-def make_sandbox_pool(config: AgenticGRPOConfig, rank: int) -> Any:
-    """The sandbox slot pool for code-running tools, as the recipe configures it (one per process)."""
-    from agentic_grpo.sandbox import SandboxConfig, SandboxPool
-
-    sandbox = SandboxConfig(mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb)
-    return SandboxPool(sandbox, rank=rank)
+def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -> None:
+    """Refuse set-ups that would train on wrong numbers, whoever builds the trainer (CLI or user code)."""
+    if args.use_vllm and args.vllm_importance_sampling_correction:
+        raise ValueError(
+            "`use_vllm: true` needs `vllm_importance_sampling_correction: false`: multi-turn trajectories do not "
+            "carry vLLM's sampling log-probs yet (TRL recomputes the old log-probs with the policy instead)"
+        )
+    per_process = args.per_device_train_batch_size * args.steps_per_generation
+    group_rewards = [getattr(f, "__name__", repr(f)) for f in reward_funcs if getattr(f, "needs_whole_groups", False)]
+    if group_rewards and args.world_size > 1 and per_process % args.num_generations:
+        raise ValueError(
+            f"reward(s) {group_rewards} score each query's {args.num_generations} samples together, but each of the "
+            f"{args.world_size} processes holds {per_process} samples (per_device_train_batch_size x "
+            "steps_per_generation), which splits some groups across processes: make that a multiple of "
+            "num_generations"
+        )
 
 
 class AgenticGRPOTrainer(GRPOTrainer):
@@ -66,8 +68,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
         reward_funcs: TRL reward functions; each also receives `trajectory=[Trajectory, ...]`.
         args: the run's `AgenticGRPOConfig`.
         train_dataset: rows with a conversational `prompt` (see `agentic_grpo.data.add_prompts`).
-        environment_factory: builds one tool environment per trajectory; default: `args.environment`.
-        trajectory_format: default: `args.format` built for the environment's tools.
+        rollout_parts: the recipe's environment, format, budgets and sandbox, built once
+            (`agentic_grpo.run_parts.build_rollout_parts`); default: built from `args`.
+        environment_factory: builds one tool environment per trajectory, instead of the parts' environment.
+        trajectory_format: instead of the parts' format.
         generation_backend: default: HF `generate` on the policy.
         **kwargs: passed to `GRPOTrainer` (eval_dataset, processing_class, peft_config, callbacks, ...).
     """
@@ -78,39 +82,32 @@ class AgenticGRPOTrainer(GRPOTrainer):
         reward_funcs: list[Callable],
         args: AgenticGRPOConfig,
         train_dataset: Any,
+        rollout_parts: RolloutParts | None = None,
         environment_factory: Callable[[], ToolEnvironment] | None = None,
         trajectory_format: TrajectoryFormat | None = None,
         generation_backend: GenerationBackend | None = None,
         **kwargs: Any,
     ) -> None:
-        environment_cls = load_environment(args.environment)
-        if environment_factory is None:
-            env_kwargs = dict(args.environment_kwargs or {})
-
-            def environment_factory() -> ToolEnvironment:
-                return environment_cls(**env_kwargs)
-
-        self.trajectory_format = trajectory_format or load_format(
-            args.format, environment_cls.tool_schemas(), **(args.format_kwargs or {})
-        )
+        check_trainer_setup(args, reward_funcs)
+        parts = rollout_parts or build_rollout_parts(args)
+        if environment_factory is not None or trajectory_format is not None:
+            parts = dataclasses.replace(
+                parts,
+                environment_factory=environment_factory or parts.environment_factory,
+                trajectory_format=trajectory_format or parts.trajectory_format,
+            )
+        self.rollout_parts = parts
+        self.trajectory_format = parts.trajectory_format
         super().__init__(
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
             rollout_func=self._rollout, **kwargs,
         )  # fmt: skip
-        self.sandbox_pool = (
-            make_sandbox_pool(args, self.accelerator.process_index) if environment_cls.needs_sandbox else None
-        )
-        self.rollout_manager = RolloutManager(
-            environment_factory,
-            self.trajectory_format,
-            self.processing_class,
-            RolloutLimits.from_config(args),
-            sandbox_pool=self.sandbox_pool,
-        )
+        self.sandbox_pool = parts.sandbox_pool(self.accelerator.process_index)
+        if self.sandbox_pool is not None:  # slots and workspaces go with the trainer, or at exit
+            weakref.finalize(self, self.sandbox_pool.close)
+        self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
         self.generation_backend = generation_backend
-        self._rows: list[dict[str, Any]] = []
-        self._trajectories: list[Trajectory] = []
-        self._rewards_per_func: torch.Tensor | None = None
+        self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
         self.add_callback(RunFilesCallback(self))
         schedule = schedule_for(args)
         if schedule is not None:
@@ -120,26 +117,46 @@ class AgenticGRPOTrainer(GRPOTrainer):
     # --- one generation: rows in, trajectories out -------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        # `rollout_func` receives only the prompts; the environments need the whole rows.
-        self._rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
-        self._trajectories, self._rewards_per_func = [], None
+        """TRL's generation and scoring of one batch of rows. The records of the step travel with `inputs`:
+        TRL merges each row's `trajectory` into it, and `_calculate_rewards` writes the scores onto that."""
+        inputs = [dict(row) for row in inputs]  # TRL writes each row's trajectory into it: one dict per row
+        rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
         try:
-            output = super()._generate_and_score_completions(inputs)
+            with self._rows_of(rows):
+                output = super()._generate_and_score_completions(inputs)
         except Exception as exc:
             # A reward that raises ends the run; the step's trajectories are what its author needs to debug it.
-            if self.model.training and self._trajectories:
-                path = self._save_trajectories(None, error=f"{type(exc).__name__}: {exc}")
+            if self.model.training:
+                path = self._save_trajectories(inputs, None, error=f"{type(exc).__name__}: {exc}")
                 if path is not None:
                     print(f"The step's trajectories are in {path}", flush=True)
             raise
         if self.model.training:
-            self._save_trajectories(output.get("advantages"))
+            self._save_trajectories(inputs, output.get("advantages"))
         return output
 
+    @contextlib.contextmanager
+    def _rows_of(self, rows: list[dict[str, Any]]) -> Any:
+        """Hand this batch's rows to `_rollout`, which TRL calls with the prompts alone, for this call only."""
+        self._batch_rows = rows
+        try:
+            yield
+        finally:
+            self._batch_rows = None
+
     def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
+        rows = self._batch_rows
+        if rows is None or len(rows) != len(prompts):
+            raise RuntimeError("rollout called outside `_generate_and_score_completions`, or with other prompts")
         backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
-        trajectories, stats = self.rollout_manager.rollout(prompts, self._rows, backend)
-        self._trajectories = trajectories
+        # Sample (and later score) with dropout off: TRL leaves the policy in train mode here, and LoRA or
+        # attention dropout would otherwise draw a random mask for every sampled token.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend)
+        finally:
+            self.model.train(was_training)
         self._log_rollout(trajectories, stats)
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
@@ -153,7 +170,12 @@ class AgenticGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._metrics["train" if self.model.training else "eval"]["time/reward"].append(time.perf_counter() - start)
-        self._rewards_per_func = rewards
+        first = self.accelerator.process_index * len(inputs)  # `rewards` holds every process's rows
+        for row, scores in zip(inputs, rewards[first : first + len(inputs)].tolist(), strict=True):
+            row["trajectory"].rewards = {
+                name: None if math.isnan(score) else score
+                for name, score in zip(self.reward_func_names, scores, strict=True)
+            }
         return rewards
 
     # --- metrics and files --------------------------------------------------------------
@@ -196,29 +218,24 @@ class AgenticGRPOTrainer(GRPOTrainer):
         metrics["time/generation"].append(gen_s / procs)
         metrics["time/tools"].append(tool_s / procs)
 
-    def _save_trajectories(self, advantages: torch.Tensor | None, error: str | None = None) -> Any:
+    def _save_trajectories(
+        self, inputs: list[dict[str, Any]], advantages: torch.Tensor | None, error: str | None = None
+    ) -> Any:
         """Write this step's trajectories (with rewards and advantages, or with the `error` that stopped scoring)."""
         every = self.args.save_trajectories_steps
         step = self.state.global_step + 1  # the optimizer step these trajectories train
-        if error is None and (not every or step % every or self._rewards_per_func is None):
+        if error is None and (not every or step % every):
             return None
-        n = len(self._trajectories)
-        rewards = None
-        if self._rewards_per_func is not None:
-            start = self.accelerator.process_index * n
-            rewards = self._rewards_per_func[start : start + n].cpu()
-        weights = self.reward_weights.cpu()
-        names = self.reward_func_names
+        weights = dict(zip(self.reward_func_names, self.reward_weights.tolist(), strict=True))
         records = []
-        for i, trajectory in enumerate(self._trajectories):
+        for i, row in enumerate(inputs):
+            trajectory = row.get("trajectory")
+            if not isinstance(trajectory, Trajectory):  # the rollout itself failed: nothing to write
+                return None
             record = trajectory.to_dict()
-            row = self._rows[i] if i < len(self._rows) else {}
             record["row"] = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
-            if rewards is not None:
-                record["rewards"] = {
-                    name: (None if torch.isnan(r) else float(r)) for name, r in zip(names, rewards[i], strict=False)
-                }
-                record["reward"] = float(torch.nansum(rewards[i] * weights))
+            if trajectory.rewards:
+                record["reward"] = sum(weights[n] * v for n, v in trajectory.rewards.items() if v is not None)
             if advantages is not None and i < len(advantages):
                 record["advantage"] = float(advantages[i])
             if error is not None:
@@ -282,6 +299,17 @@ class AgenticGRPOTrainer(GRPOTrainer):
         try:
             return super().train(*args, **kwargs)
         finally:
+            # The tool threads go; the rollout manager starts new ones if this trainer rolls out again
+            # (`evaluate()`, a second `train()`). The sandbox pool lives as long as the trainer.
             self.rollout_manager.close()
-            if self.sandbox_pool is not None:
-                self.sandbox_pool.close()
+
+    def _load_callback_state(self) -> None:
+        """The Trainer rebuilds restorable callbacks from their saved `args` alone, which cannot carry this
+        trainer; the adaptive-KL callback restores its coefficient itself (`AdaptiveKLCallback.on_step_begin`)."""
+        saved = self.state.stateful_callbacks
+        own = saved.pop(AdaptiveKLCallback.__name__, None)
+        try:
+            super()._load_callback_state()
+        finally:
+            if own is not None:
+                saved[AdaptiveKLCallback.__name__] = own

@@ -74,6 +74,8 @@ class Trajectory:
     finish_reason: FinishReason = "running"
     turns: int = 0
     malformed_turns: int = 0
+    rewards: dict[str, float | None] = field(default_factory=dict)
+    """Each reward function's score, by name, once the trajectory is scored (None: that reward gave none)."""
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -111,4 +113,5 @@ class Trajectory:
             "finish_reason": self.finish_reason,
             "turns": self.turns,
             "malformed_turns": self.malformed_turns,
+            **({"rewards": dict(self.rewards)} if self.rewards else {}),
         }

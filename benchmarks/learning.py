@@ -24,12 +24,14 @@ def held_out_accuracy(model: str, recipe: str, questions: int, k: int) -> dict:
     from agentic_grpo.data import load_task_data
     from agentic_grpo.evaluate import evaluate, load_policy
     from agentic_grpo.reward_setup import build_rewards
+    from agentic_grpo.run_parts import build_rollout_parts
 
     recipe_args, config, _ = read_recipe(["--config", recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
+    parts = build_rollout_parts(config)
     rewards, _ = build_rewards(recipe_args.rewards)
     _, test = load_task_data(recipe_args.dataset)
     policy, tokenizer = load_policy(model)
-    metrics, _ = evaluate(policy, tokenizer, config, rewards, list(test)[:questions], k=k, progress=False)
+    metrics, _ = evaluate(policy, tokenizer, parts, rewards, list(test)[:questions], k=k, progress=False)
     return metrics
 
 

@@ -173,6 +173,11 @@ class LLMJudge:
                     f"LLMJudge field `model`: cannot load local judge model {model!r}: {error}"
                 ) from error
 
+    @property
+    def needs_whole_groups(self) -> bool:
+        """Group mode scores a query's samples together: they must all be on one process."""
+        return self.mode == "group"
+
     def __repr__(self) -> str:
         name, rubric = self.__name__, self.rubric_path
         return f"LLMJudge(name={name!r}, mode={self.mode!r}, backend={self.backend!r}, rubric={rubric})"

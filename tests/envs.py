@@ -54,3 +54,21 @@ class MisbehavingTools(Calculator):
 class NoDocs(ToolEnvironment):
     def add(self, a, b):
         return a + b
+
+
+class SlowSandboxedTools(ToolEnvironment):
+    """Holds a sandbox slot, and has a tool that outlives the call guard (records when it enters and leaves)."""
+
+    needs_sandbox = True
+    events: list[str] = []
+
+    def linger(self, seconds: float) -> str:
+        """Stay in the tool for a while.
+
+        Args:
+            seconds: How long.
+        """
+        self.events.append("entered")
+        time.sleep(seconds)
+        self.events.append("left")
+        return "done"

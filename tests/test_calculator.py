@@ -26,6 +26,6 @@ def test_anything_but_arithmetic_is_refused(expression):
 
 def test_tool_returns_integers_without_decimal_point_and_errors_as_observations():
     env = Calculator()
-    assert env.execute(ToolCall("calculator", {"expression": "6 / 3"})).output == "2"
-    result = env.execute(ToolCall("calculator", {"expression": "import os"}))
+    assert env.execute(ToolCall("calculator", {"expression": "6 / 3"}), 5).output == "2"
+    result = env.execute(ToolCall("calculator", {"expression": "import os"}), 5)
     assert not result.ok and result.output.startswith("Error: ValueError")

@@ -18,7 +18,11 @@ SCRIPTS = {
 }
 
 
+SCORED: list = []  # the trajectories TRL handed the reward, in the batch's order
+
+
 def exact(prompts, completions, trajectory, answer, **_):
+    SCORED[:] = trajectory
     return [float(t.final_answer == a) for t, a in zip(trajectory, answer, strict=False)]
 
 
@@ -81,7 +85,7 @@ def test_tool_tokens_get_zero_gradient_and_model_tokens_do_not(trainer_and_batch
 def test_env_mask_returned_to_trl_matches_trajectory_segments(trainer_and_batch):
     trainer, rows = trainer_and_batch
     inputs = trainer._generate_and_score_completions(rows)
-    for row, trajectory in enumerate(trainer._trajectories):
+    for row, trajectory in enumerate(SCORED):
         n = len(trajectory.completion_ids)
         assert inputs["completion_ids"][row, :n].tolist() == trajectory.completion_ids
         assert inputs["tool_mask"][row, :n].tolist() == trajectory.loss_mask

@@ -215,3 +215,12 @@ def test_plot_of_a_directory_without_metrics_is_refused(tmp_path):
         [sys.executable, "-m", "agentic_grpo.cli", "plot", str(tmp_path)], capture_output=True, text=True
     )
     assert result.returncode == 2 and "metrics.jsonl does not exist" in result.stderr
+
+
+def test_resume_restoring_callback_states_keeps_the_adaptive_kl_coefficient(recipe, reference, tmp_path):
+    out = tmp_path / "out"
+    result = run("--config", str(recipe), "--output_dir", str(out), "--max_steps", "2",
+                 "--resume_from_checkpoint", str(reference / "checkpoint-1"),
+                 "--restore_callback_states_from_checkpoint", "true")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert metrics(out)[2]["kl_coef"] == pytest.approx(metrics(reference)[2]["kl_coef"], rel=1e-6)

@@ -191,3 +191,43 @@ def test_eos_other_than_the_tokenizers_closes_the_turn_once(tokenizer):
     model, tool = t.segments[1], t.segments[2]
     assert model.text.endswith("<|im_end|>")
     assert tool.text == "\n<|im_start|>user\nObservation: 6<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_timed_out_python_tool_returns_what_it_printed(tokenizer):
+    """The sandbox owns the deadline: its partial output reaches the model, not the outer guard's bare timeout."""
+    from agentic_grpo.sandbox import SandboxConfig, SandboxPool
+    from agentic_grpo.tools.python import PythonInterpreter
+
+    code = "import time; print('started', flush=True); time.sleep(30)"
+    call = f"Action: python\nAction Input: {json.dumps({'code': code})}\nObservation:"
+    pool = SandboxPool(SandboxConfig(timeout_s=1.0))
+    fmt = load_format("react", PythonInterpreter.tool_schemas())
+    manager = RolloutManager(PythonInterpreter, fmt, tokenizer, RolloutLimits(tool_timeout=1.0), sandbox_pool=pool)
+    try:
+        [t], _ = manager.rollout([case_prompt("slow")], [{}], ScriptedBackend(tokenizer, {"slow": [call]}))
+    finally:
+        manager.close()
+        pool.close()
+    _, result = t.tool_calls[0]
+    assert result.timed_out and result.output.startswith("started") and "timed out after" in result.output
+
+
+def test_a_slot_is_not_released_while_a_call_is_still_inside_it(tokenizer):
+    """A pure-Python tool that outlives its guard in a sandboxed environment keeps its slot until it returns."""
+    from agentic_grpo.sandbox import SandboxConfig, SandboxPool
+    from tests.envs import SlowSandboxedTools
+
+    pool = SandboxPool(SandboxConfig(timeout_s=10.0))
+    fmt = load_format("react", SlowSandboxedTools.tool_schemas())
+    manager = RolloutManager(SlowSandboxedTools, fmt, tokenizer, RolloutLimits(tool_timeout=0.2), sandbox_pool=pool)
+    call = 'Action: linger\nAction Input: {"seconds": 6}\nObservation:'
+    SlowSandboxedTools.events.clear()
+    try:
+        [t], _ = manager.rollout([case_prompt("linger")], [{}], ScriptedBackend(tokenizer, {"linger": [call]}))
+    finally:
+        manager.close()
+    _, result = t.tool_calls[0]
+    assert result.timed_out  # the guard (0.2 s + grace) gave up on the call ...
+    assert SlowSandboxedTools.events == ["entered", "left"]  # ... but the slot went back only after it left
+    assert pool.live_slots == 0
+    pool.close()

@@ -160,5 +160,5 @@ def test_python_interpreter_tool_runs_in_a_slot(pool):
 
     with pool.acquire() as slot:
         tool = PythonInterpreter()
-        tool.sandbox, tool.workspace, tool.tool_timeout = slot, slot.workspace, 5
+        tool.sandbox, tool.workspace = slot, slot.workspace
         assert tool.python("import os; print(os.getcwd())").output == str(slot.workspace)

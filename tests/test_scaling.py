@@ -138,11 +138,10 @@ def test_lora_trainer_keeps_no_reference_model(tmp_path, monkeypatch):
     from agentic_grpo.train import prepare
     from agentic_grpo.trainer import AgenticGRPOTrainer
 
-    config, model, rewards, data, _, peft_config, _ = prepare(
-        ["--config", "recipes/ci_tiny_lora.yaml", "--output_dir", str(tmp_path / "out")]
-    )
-    trainer = AgenticGRPOTrainer(model=model, reward_funcs=rewards, args=config, train_dataset=data,
-                                 peft_config=peft_config)  # fmt: skip
+    run = prepare(["--config", "recipes/ci_tiny_lora.yaml", "--output_dir", str(tmp_path / "out")])
+    trainer = AgenticGRPOTrainer(model=run.model_path, reward_funcs=run.rewards, args=run.config,
+                                 train_dataset=run.train, rollout_parts=run.rollout_parts,
+                                 peft_config=run.peft_config)  # fmt: skip
     assert trainer.beta > 0 and trainer.ref_model is None
     assert "default" in trainer.model.peft_config
 

@@ -8,8 +8,11 @@ from agentic_grpo.backends import TrainerBackend
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.trainer import AgenticGRPOTrainer
 
+SCORED: list = []  # the trajectories TRL handed the reward, in the batch's order
 
-def zero(prompts, completions, **_):
+
+def zero(prompts, completions, trajectory, **_):
+    SCORED[:] = trajectory
     return [0.0] * len(prompts)
 
 
@@ -40,7 +43,7 @@ def test_model_segments_are_exactly_the_sampled_ids(tiny_model_dir, tmp_path):
 
     # Every model segment is a prefix of what `generate` returned for that row in that turn.
     sampled = [[row[width:] for row in output] for width, output in raw_outputs]
-    for row, trajectory in enumerate(trainer._trajectories):
+    for row, trajectory in enumerate(SCORED):
         model_segments = [s for s in trajectory.segments if s.role == "model"]
         assert model_segments, "each trajectory has at least one model turn"
         for turn, segment in enumerate(model_segments):
@@ -50,6 +53,6 @@ def test_model_segments_are_exactly_the_sampled_ids(tiny_model_dir, tmp_path):
         assert inputs["completion_ids"][row, :n].tolist() == trajectory.completion_ids
     # And the first turn, where every row is live, matches row by row.
     first_turn = sampled[0]
-    for row, trajectory in enumerate(trainer._trajectories):
+    for row, trajectory in enumerate(SCORED):
         segment = trajectory.segments[1]
         assert first_turn[row][: len(segment.token_ids)] == segment.token_ids

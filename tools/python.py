@@ -21,13 +21,13 @@ class PythonInterpreter(ToolEnvironment):
         Args:
             code: A complete Python program; use print() to show results.
         """
-        result = self.sandbox.run_python(code, timeout=self.tool_timeout)
+        result = self.sandbox.run_python(code)  # the slot's deadline: the recipe's `tool_timeout`
         output = result.stdout
         if result.stderr:
             output += ("\n" if output else "") + result.stderr
         error = None
-        if result.timed_out:
-            output += f"\n[timed out after {self.tool_timeout:g} s]"
+        if result.timed_out:  # what it printed before the deadline, then why it stopped
+            output += f"\n[timed out after {result.seconds:.3g} s]"
             error = "timeout"
         elif result.exit_code not in (0, None):
             error = f"exit code {result.exit_code}"

@@ -1,0 +1,74 @@
+"""A recipe's rollout side, built once: the environment, the format, the budgets and the sandbox.
+
+Training (`AgenticGRPOTrainer`), evaluation (`agentic-grpo eval`, `eval_before_after`) and
+the benchmarks all receive the same `RolloutParts`; none of them rebuilds the environment
+or the format from the config on its own. Rewards are built once beside it
+(`agentic_grpo.reward_setup.build_rewards`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentic_grpo.environment import ToolEnvironment
+from agentic_grpo.formats import TrajectoryFormat, load_format
+from agentic_grpo.plugins import PluginError, check_options, import_object
+from agentic_grpo.rollout import RolloutLimits, RolloutManager
+
+
+def load_environment(path: str) -> type[ToolEnvironment]:
+    """The environment class named by a recipe, checked to be a `ToolEnvironment` with valid tool schemas."""
+    cls = import_object(path, what="environment")
+    if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
+        raise PluginError(f"environment `{path}` is not a subclass of agentic_grpo.ToolEnvironment")
+    if not cls.tools():
+        raise PluginError(f"environment `{path}` has no tools: add public methods with type hints and docstrings")
+    cls.tool_schemas()  # raises, naming the tool, when a docstring or hint is missing
+    return cls
+
+
+@dataclass
+class RolloutParts:
+    """What a rollout needs from a recipe (see `build_rollout_parts`)."""
+
+    environment: type[ToolEnvironment]
+    environment_kwargs: dict[str, Any]
+    trajectory_format: TrajectoryFormat
+    limits: RolloutLimits
+    sandbox: Any = None
+    """The `SandboxConfig` of code-running environments (None when the environment runs no code)."""
+    environment_factory: Callable[[], ToolEnvironment] | None = field(default=None, repr=False)
+    """Overrides `environment(**environment_kwargs)`, for user code that builds environments itself."""
+
+    def make_environment(self) -> ToolEnvironment:
+        if self.environment_factory is not None:
+            return self.environment_factory()
+        return self.environment(**self.environment_kwargs)
+
+    def sandbox_pool(self, rank: int = 0) -> Any:
+        """A slot pool for this process (None when the environment runs no code)."""
+        if self.sandbox is None:
+            return None
+        from agentic_grpo.sandbox import SandboxPool
+
+        return SandboxPool(self.sandbox, rank=rank)
+
+    def rollout_manager(self, tokenizer: Any, sandbox_pool: Any = None) -> RolloutManager:
+        return RolloutManager(self.make_environment, self.trajectory_format, tokenizer, self.limits, sandbox_pool)
+
+
+def build_rollout_parts(config: Any) -> RolloutParts:
+    """The rollout side of a recipe's `AgenticGRPOConfig`; raises ValueError naming what is wrong."""
+    environment = load_environment(config.environment)
+    kwargs = dict(config.environment_kwargs or {})
+    check_options(environment, kwargs, f"environment `{config.environment}` (recipe field `environment_kwargs`)")
+    trajectory_format = load_format(config.format, environment.tool_schemas(), **(config.format_kwargs or {}))
+    sandbox = None
+    if environment.needs_sandbox:
+        from agentic_grpo.sandbox import SandboxConfig
+
+        # The sandbox owns the deadline of code tools: `tool_timeout` is its per-command limit.
+        sandbox = SandboxConfig(mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb)
+    return RolloutParts(environment, kwargs, trajectory_format, RolloutLimits.from_config(config), sandbox)

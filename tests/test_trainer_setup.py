@@ -1,0 +1,95 @@
+"""The trainer refuses set-ups that would train on wrong numbers, samples without dropout, and outlives `train()`."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from datasets import Dataset
+
+from agentic_grpo.config import AgenticGRPOConfig
+from agentic_grpo.trainer import AgenticGRPOTrainer, check_trainer_setup
+from tests.scripted import ScriptedBackend, case_prompt
+
+CODE = 'Action: python\nAction Input: {"code": "print(6 * 7)"}\nObservation:'
+SCRIPTS = {"code": [CODE, "Final Answer: 42<|im_end|>"], "direct": ["Final Answer: 41<|im_end|>"]}
+
+
+def exact(prompts, completions, trajectory, answer, **_):
+    return [float(t.final_answer == a) for t, a in zip(trajectory, answer, strict=False)]
+
+
+def config(tmp_path, **overrides) -> AgenticGRPOConfig:
+    fields = dict(
+        output_dir=str(tmp_path), environment="agentic_grpo.tools.python:PythonInterpreter", num_generations=2,
+        per_device_train_batch_size=4, max_completion_length=96, max_tokens_per_turn=48, beta=0.0,
+        gradient_checkpointing=False, report_to=[], save_strategy="no", save_trajectories_steps=0, seed=0,
+        max_steps=1, logging_steps=1,
+    )  # fmt: skip
+    fields.update(overrides)
+    return AgenticGRPOConfig(**fields)
+
+
+class RecordingBackend(ScriptedBackend):
+    """Scripted text, and whether the policy (and any dropout module) was in train mode at each generate."""
+
+    def __init__(self, trainer, scripts):
+        super().__init__(trainer.processing_class, scripts)
+        self.trainer = trainer
+        self.training_at_generate: list[bool] = []
+
+    def generate(self, batch, stop, max_new_tokens):
+        modules = list(self.trainer.model.modules())
+        self.training_at_generate.append(any(m.training for m in modules))
+        return super().generate(batch, stop, max_new_tokens)
+
+
+@pytest.fixture
+def trainer(tiny_model_dir, tmp_path):
+    rows = [{"prompt": case_prompt(name), "question": name, "answer": "42"} for name in SCRIPTS]
+    trainer = AgenticGRPOTrainer(
+        model=tiny_model_dir, reward_funcs=[exact], args=config(tmp_path), train_dataset=Dataset.from_list(rows)
+    )
+    trainer.generation_backend = RecordingBackend(trainer, SCRIPTS)
+    return trainer, rows
+
+
+def test_rollouts_sample_with_dropout_off_and_training_resumes_in_train_mode(trainer):
+    trainer, rows = trainer
+    trainer.model.train()
+    trainer._generate_and_score_completions(rows * 2)
+    assert trainer.generation_backend.training_at_generate and not any(trainer.generation_backend.training_at_generate)
+    assert trainer.model.training
+
+
+def test_trainer_rolls_out_again_after_train(trainer):
+    trainer, rows = trainer
+    trainer.train()
+    # The tool threads and the sandbox pool were closed for good by train() before: this raised
+    # "cannot schedule new futures after shutdown".
+    output = trainer._generate_and_score_completions(rows * 2)
+    assert output["completion_ids"].shape[0] == 4
+    assert trainer.sandbox_pool.live_slots == 0
+
+
+def test_vllm_with_importance_sampling_correction_is_refused_by_the_trainer_itself(tiny_model_dir, tmp_path):
+    args = config(tmp_path, use_vllm=True, vllm_importance_sampling_correction=True)
+    with pytest.raises(ValueError, match="needs `vllm_importance_sampling_correction: false`"):
+        AgenticGRPOTrainer(model=tiny_model_dir, reward_funcs=[exact], args=args, train_dataset=Dataset.from_list([]))
+
+
+class GroupJudge:
+    """Stands for any reward that scores a query's samples together (LLMJudge in group mode)."""
+
+    __name__ = "group_judge"
+    needs_whole_groups = True
+
+
+def test_group_scoring_rewards_refuse_groups_split_across_processes():
+    # The layout of a 2-process launch (world_size is read from the launcher, so it is spelled out here).
+    split = SimpleNamespace(per_device_train_batch_size=6, steps_per_generation=1, num_generations=4, world_size=2,
+                            use_vllm=False)  # fmt: skip
+    with pytest.raises(ValueError, match=r"\['group_judge'\] score each query's 4 samples together.*holds 6 samples"):
+        check_trainer_setup(split, [GroupJudge()])
+    check_trainer_setup(SimpleNamespace(**{**vars(split), "per_device_train_batch_size": 8}), [GroupJudge()])
+    check_trainer_setup(split, [exact])  # per-trajectory rewards do not care
