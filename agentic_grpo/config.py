@@ -72,6 +72,23 @@ class AgenticGRPOConfig(GRPOConfig):
     )
     tool_timeout: float = field(default=10.0, metadata={"help": "Wall-clock seconds allowed per tool call."})
     tool_workers: int = field(default=16, metadata={"help": "Tool calls run at once (threads; code runs sandboxed)."})
+    advantage: str = field(
+        default="outcome",
+        metadata={
+            "help": "Advantage estimator (formulas in agentic_grpo.advantages): `outcome` (TRL's GRPO: one advantage "
+            "per trajectory), `turn` (plus turn_lambda x the return of per-turn rewards from each turn on, against "
+            "the leave-one-out mean of the other group members that reached that turn), `anchor` (plus turn_lambda "
+            "x each turn's return, outcome included, against the other members' turns taken from the same "
+            "environment state; needs an environment with `state_hash`)."
+        },
+    )
+    turn_lambda: float = field(
+        default=1.0, metadata={"help": "Weight of the turn-level term of the `turn` and `anchor` advantages."}
+    )
+    turn_gamma: float = field(
+        default=1.0,
+        metadata={"help": "Discount of later turns' rewards in the `turn` and `anchor` returns, in (0, 1]."},
+    )
     sandbox: str = field(
         default="auto",
         metadata={
@@ -149,6 +166,12 @@ class AgenticGRPOConfig(GRPOConfig):
                 setattr(self, name, {})
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
+        if self.advantage not in ("outcome", "turn", "anchor"):
+            raise ValueError(f"advantage must be `outcome`, `turn` or `anchor`, got `{self.advantage}`")
+        if not 0.0 < self.turn_gamma <= 1.0:
+            raise ValueError(f"turn_gamma must be in (0, 1], got {self.turn_gamma}")
+        if self.turn_lambda < 0:
+            raise ValueError(f"turn_lambda must be >= 0, got {self.turn_lambda}")
         if self.on_reward_error not in ("raise", "none"):
             raise ValueError(f"on_reward_error must be `raise` or `none`, got `{self.on_reward_error}`")
         if self.wandb_mode not in (None, "online", "offline", "disabled"):

@@ -26,7 +26,7 @@ from transformers.utils import get_json_schema
 
 from agentic_grpo.trajectory import ToolCall, ToolResult
 
-_RESERVED = {"reset", "close", "execute", "tools", "tool_schemas", "wait_idle"}
+_RESERVED = {"reset", "close", "execute", "tools", "tool_schemas", "wait_idle", "pay", "state_hash", "take_payments"}
 # How long after a code tool's own (sandbox) deadline the caller stops waiting for it.
 SANDBOX_GRACE_S = 5.0
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
@@ -47,6 +47,33 @@ class ToolEnvironment:
         self.workspace: Path | None = None
         self.sandbox: Any = None
         self._workers: list[threading.Thread] = []
+
+    def pay(self, fact: Any, amount: float) -> bool:
+        """Pay `amount` to the turn whose tool call is running, once per `fact` per trajectory; True when paid.
+
+        Call it from a tool, e.g. `self.pay(("value", 408), 0.5)` when the call produced a new correct
+        intermediate value. A fact already paid earns nothing, so a turn cannot be farmed by repeating it.
+        """
+        key = str(fact)
+        paid = self.__dict__.setdefault("_paid", set())  # set here: a subclass may skip our __init__
+        if key in paid:
+            return False
+        paid.add(key)
+        self.__dict__.setdefault("_payments", []).append((key, float(amount)))
+        return True
+
+    def take_payments(self) -> list[tuple[str, float]]:
+        """The (fact, amount) pairs paid since the last call (the rollout manager books them to the turn)."""
+        return self.__dict__.pop("_payments", [])
+
+    def state_hash(self) -> str | None:
+        """A string naming the environment's state now, for the `anchor` advantage (override to enable it).
+
+        Turns of the same group taken from equal states are compared with each other, so the hash should
+        hold what matters for what comes next (e.g. the set of values verified so far) and nothing else.
+        None (the default) means the environment defines no state.
+        """
+        return None
 
     def reset(self, row: dict[str, Any]) -> None:
         """Prepare for a new trajectory on dataset row `row` (override to keep state)."""

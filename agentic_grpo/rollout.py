@@ -111,8 +111,12 @@ class RolloutManager:
                 if not live:
                     break
                 stats.turns += 1
+                for i in live:  # the state each turn's action is taken from (the `anchor` advantage groups by it)
+                    trajectories[i].turn_states.append(environments[i][0].state_hash())
                 calls = self._model_turn(trajectories, live, backend, stats)
                 self._tool_turn(trajectories, environments, calls, stats)
+                for i in live:
+                    self._book_payments(trajectories[i], environments[i][0])
             for t in trajectories:
                 if t.finish_reason == "running":
                     t.finish_reason = "max_turns"
@@ -197,6 +201,13 @@ class RolloutManager:
                 continue
             trajectory.segments.append(Segment("tool", ids, text))
         stats.tool_seconds += time.perf_counter() - start
+
+    @staticmethod
+    def _book_payments(trajectory: Trajectory, environment: ToolEnvironment) -> None:
+        """This turn's rewards: what the environment paid while running the turn's tool call."""
+        trajectory.turn_rewards.extend([0.0] * (trajectory.turns - len(trajectory.turn_rewards)))
+        for fact, amount in environment.take_payments():
+            trajectory.pay(trajectory.turns - 1, fact, amount)
 
     def _observation(self, result: ToolResult, stop_reason: str, last_ids: list[int]) -> tuple[str, list[int]]:
         body = self.format.render_observation(result, after_stop=stop_reason == "stop")

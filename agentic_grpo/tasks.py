@@ -61,3 +61,54 @@ def multiplication_word_problems(
             question = f"What is {a} * {b}?"
         splits[split].append({"question": question, "answer": str(a * b)})
     return splits
+
+
+_SHOP_STEPS = [
+    "A shop buys {a} boxes with {b} {item} in each box",
+    "then sells {c} of the {item}",
+    "and prices each {item_one} that is left at {d} dollars",
+]
+_SHOP_ITEMS = [("pens", "pen"), ("apples", "apple"), ("cups", "cup"), ("books", "book"), ("lamps", "lamp")]
+
+
+def shop_word_problems(
+    num_train: int = 1000,
+    num_test: int = 48,
+    seed: int = 0,
+    steps: list[int] | tuple[int, ...] = (2, 3),
+    test_fraction: float = 0.1,
+) -> dict[str, list[dict[str, Any]]]:
+    """Word problems solved by two or three dependent tool calls: buy a*b items, sell c, price the rest at d.
+
+    Rows `{question, answer, values}`: `values` are the intermediate results in order (a*b, a*b-c and, for
+    three steps, (a*b-c)*d; the last is the answer), which `agentic_grpo.tools.stepwise` pays a per-turn
+    reward for, once each. Each problem's numbers go to train or test by a hash, as in `split_of`.
+    """
+    rng = random.Random(seed)
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
+    wanted = {"train": num_train, "test": num_test}
+    seen: set[tuple[int, ...]] = set()
+    attempts = 0
+    while any(len(splits[k]) < wanted[k] for k in splits):
+        attempts += 1
+        if attempts > 100 * (num_train + num_test) + 1000:
+            raise ValueError(f"cannot draw {num_train} train and {num_test} test problems")
+        n = rng.choice(list(steps))
+        a, b = rng.randint(12, 99), rng.randint(12, 99)
+        c = rng.randint(11, a * b - 1)
+        d = rng.randint(3, 9) if n == 3 else 0
+        if (a, b, c, d) in seen:
+            continue
+        seen.add((a, b, c, d))
+        digest = hashlib.sha256(f"shop:{a}x{b}-{c}x{d}".encode()).digest()
+        split = "test" if int.from_bytes(digest[:8], "big") / 2**64 < test_fraction else "train"
+        if len(splits[split]) >= wanted[split]:
+            continue
+        item, item_one = rng.choice(_SHOP_ITEMS)
+        values = [a * b, a * b - c] + ([(a * b - c) * d] if n == 3 else [])
+        story = ", ".join(_SHOP_STEPS[:n]).format(a=a, b=b, c=c, d=d, item=item, item_one=item_one)
+        ask = f"How many dollars are the {item} that are left worth?" if n == 3 else f"How many {item} are left?"
+        splits[split].append(
+            {"question": f"{story}. {ask}", "answer": str(values[-1]), "values": [str(v) for v in values]}
+        )
+    return splits

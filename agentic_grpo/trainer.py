@@ -20,9 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 
+from agentic_grpo.advantages import assign_turn_credit
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.environment import ToolEnvironment
@@ -90,6 +92,11 @@ class AgenticGRPOTrainer(GRPOTrainer):
     ) -> None:
         check_trainer_setup(args, reward_funcs)
         parts = rollout_parts or build_rollout_parts(args)
+        if args.advantage == "anchor" and parts.environment.state_hash is ToolEnvironment.state_hash:
+            raise ValueError(
+                f"`advantage: anchor` groups turns by the environment's state, but `{parts.environment.__name__}` "
+                "defines no `state_hash()`: add one to the environment, or use `advantage: turn` or `outcome`"
+            )
         if environment_factory is not None or trajectory_format is not None:
             parts = dataclasses.replace(
                 parts,
@@ -131,9 +138,33 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 if path is not None:
                     print(f"The step's trajectories are in {path}", flush=True)
             raise
+        outcome_advantages = output.get("advantages")
+        self._assign_turn_credit(inputs, output)
         if self.model.training:
-            self._save_trajectories(inputs, output.get("advantages"))
+            self._save_trajectories(inputs, outcome_advantages)
         return output
+
+    def _assign_turn_credit(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> None:
+        """Replace TRL's per-sequence advantages by per-token ones (recipe field `advantage`), and log the
+        per-turn reward and no-signal metrics of every estimator (`agentic_grpo.advantages`)."""
+        mode = "train" if self.model.training else "eval"
+        tokens, metrics = assign_turn_credit(
+            [row["trajectory"] for row in inputs],
+            output["advantages"],
+            dict(zip(self.reward_func_names, self.reward_weights.tolist(), strict=True)),
+            estimator=self.args.advantage,
+            lam=self.args.turn_lambda,
+            gamma=self.args.turn_gamma,
+            group_size=self.num_generations if mode == "train" else self.num_generations_eval,
+            width=output["completion_ids"].shape[1],
+            gather=gather_object,
+            process_index=self.accelerator.process_index,
+            max_turns=self.args.max_turns,
+        )
+        if tokens is not None:
+            output["advantages"] = tokens
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
 
     @contextlib.contextmanager
     def _rows_of(self, rows: list[dict[str, Any]]) -> Any:

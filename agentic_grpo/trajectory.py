@@ -76,6 +76,31 @@ class Trajectory:
     malformed_turns: int = 0
     rewards: dict[str, float | None] = field(default_factory=dict)
     """Each reward function's score, by name, once the trajectory is scored (None: that reward gave none)."""
+    turn_rewards: list[float] = field(default_factory=list)
+    """Reward paid for each model turn (index k = the k-th model turn), by the environment or a reward plug-in."""
+    turn_states: list[str | None] = field(default_factory=list)
+    """The environment's state hash before each model turn (None: the environment defines none)."""
+    paid_facts: dict[str, int] = field(default_factory=dict)
+    """Each fact already paid for, with the turn that earned it: a fact is paid at most once."""
+    turn_advantages: list[float] | None = None
+    """The advantage each model turn's tokens were trained with, when a turn-level estimator set them."""
+
+    def pay(self, turn: int, fact: Any, amount: float) -> bool:
+        """Add `amount` to turn `turn`'s reward unless `fact` was already paid for; True when paid.
+
+        Paying once per fact is what keeps per-turn rewards from being farmed: repeating a
+        correct tool call earns nothing the second time.
+        """
+        if not 0 <= turn < self.turns:
+            raise ValueError(f"turn {turn} does not exist: the trajectory has {self.turns} model turn(s)")
+        key = str(fact)
+        if key in self.paid_facts:
+            return False
+        if len(self.turn_rewards) < self.turns:
+            self.turn_rewards.extend([0.0] * (self.turns - len(self.turn_rewards)))
+        self.paid_facts[key] = turn
+        self.turn_rewards[turn] += float(amount)
+        return True
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -114,4 +139,8 @@ class Trajectory:
             "turns": self.turns,
             "malformed_turns": self.malformed_turns,
             **({"rewards": dict(self.rewards)} if self.rewards else {}),
+            **({"turn_rewards": list(self.turn_rewards)} if any(self.turn_rewards) else {}),
+            **({"paid_facts": dict(self.paid_facts)} if self.paid_facts else {}),
+            **({"turn_states": list(self.turn_states)} if any(s is not None for s in self.turn_states) else {}),
+            **({"turn_advantages": list(self.turn_advantages)} if self.turn_advantages is not None else {}),
         }
