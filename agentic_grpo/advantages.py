@@ -11,7 +11,8 @@ outcome (default, TRL's GRPO untouched): every token of trajectory i gets A_i.
 turn:
     G_{i,k} = sum_{j=k}^{K_i-1} gamma^(j-k) r_{i,j}          return of turn rewards from turn k on
     N_{i,k} = {i' != i in the group : K_{i'} > k}            the other members that reached turn k
-    A_{i,k} = A_i + lambda * (G_{i,k} - mean_{i' in N_{i,k}} G_{i',k})     (term 0 when N_{i,k} is empty)
+    b_{i,k} = mean_{i' in N_{i,k}} G_{i',k}, or 0 when N_{i,k} is empty (no one else got that far)
+    A_{i,k} = A_i + lambda * (G_{i,k} - b_{i,k})
 
 anchor (GiGPO-style, state-grouped; works with outcome rewards alone):
     U_{i,k} = G_{i,k} + gamma^(K_i-1-k) R_i                  return with the outcome paid at the last turn
@@ -27,6 +28,8 @@ trajectory i itself, or a per-turn-index std, depends on G_{i,k} and so biases e
 another turn" decision (tests/test_advantages.py measures both by exact enumeration). GiGPO
 uses the plain mean (and optionally the std) of its step groups; here the same leave-one-out
 rule holds for anchors, and all turns of trajectory i itself are left out of its own anchor set.
+An anchor state no other member visited gives the turn no step term (GiGPO's choice: nothing to
+compare with), which, unlike the `turn` estimator's zero baseline, trades a little bias for variance.
 
 Token-level: each model token of turn k gets A_{i,k}; tool-output tokens get 0 and stay masked
 by TRL's `tool_mask` anyway.
@@ -98,7 +101,7 @@ def outcome_advantages(group: Sequence[TurnData], lam: float = 1.0, gamma: float
 
 
 def turn_advantages(group: Sequence[TurnData], lam: float = 1.0, gamma: float = 1.0) -> list[list[float]]:
-    """A_{i,k} = A_i + lambda (G_{i,k} - mean of G_{i',k} over the other members that reached turn k)."""
+    """A_{i,k} = A_i + lambda (G_{i,k} - mean of G_{i',k} over the other members that reached turn k, or 0)."""
     returns = [discounted_returns(d.turn_rewards, gamma) for d in group]
     # Per turn index: the sum and count over every member that reached it; leave-one-out subtracts i's own.
     totals: dict[int, float] = defaultdict(float)
@@ -112,7 +115,8 @@ def turn_advantages(group: Sequence[TurnData], lam: float = 1.0, gamma: float = 
         row = []
         for k, value in enumerate(member):
             others = counts[k] - 1
-            term = value - (totals[k] - value) / others if others else 0.0
+            # With no one else at turn k the baseline is 0, not "no term": dropping the term would bias it.
+            term = value - ((totals[k] - value) / others if others else 0.0)
             row.append(d.advantage + lam * term)
         advantages.append(row)
     return advantages
