@@ -219,10 +219,28 @@ def _show(args: argparse.Namespace) -> int:
         scores = [f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in shown.items()]
         body.append(f"\n\nanswer={record.get('final_answer')!r}  gold={row.get('answer')!r}\n", style="bold")
         body.append("  ".join(scores), style="bold")
+        body.append(_turn_line(record), style="cyan")
         number = args.index if args.index is not None else number
         console.print(Panel(body, title=f"#{number}  finish={record['finish_reason']}", title_align="left"))
     console.print("[green]model tokens (trained)[/green]  [yellow]tool output (not trained)[/yellow]")
     return 0
+
+
+def _turn_line(record: dict) -> str:
+    """Per-turn rewards (and advantages, when a turn-level estimator set them), one entry per model turn."""
+    rewards, advantages = record.get("turn_rewards"), record.get("turn_advantages")
+    if not rewards and not advantages:
+        return ""
+    turns = max(len(rewards or []), len(advantages or []))
+    parts = []
+    for k in range(turns):
+        part = f"{k + 1}:"
+        if rewards and k < len(rewards):
+            part += f" r={round(rewards[k], 4)}"
+        if advantages and k < len(advantages):
+            part += f" A={round(advantages[k], 4)}"
+        parts.append(part)
+    return "\nturns  " + "  ".join(parts)
 
 
 if __name__ == "__main__":

@@ -154,3 +154,12 @@ def test_a_group_split_over_two_processes_is_estimated_whole(tiny_model_dir, tmp
             turns = [v for v, m, prev in zip(tokens, mask, [0, *mask], strict=False) if m and not prev]
             assert turns == pytest.approx(TURN_TERMS[case], abs=1e-7), case
             assert all(v == 0 for v, m in zip(tokens, mask, strict=True) if not m)
+
+
+def test_show_prints_each_turns_reward_and_advantage(turn_trainer, tmp_path, capsys, monkeypatch):
+    from agentic_grpo.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    turn_trainer._generate_and_score_completions(rows())
+    assert main(["show", str(tmp_path), "--index", "0"]) == 0
+    assert "turns  1: r=0.5 A=0.6667  2: r=0.5 A=0.5  3: r=0.0 A=0.0" in capsys.readouterr().out
