@@ -1,0 +1,178 @@
+"""Does per-turn credit beat outcome-only GRPO? Four arms, same seeds, data order and budget. Prints JSON.
+
+Arms (each a real `train` run of the recipe with one change):
+    outcome       `advantage: outcome`: TRL's GRPO on the recipe's rewards
+    outcome_sum   `advantage: outcome` plus the summed per-turn rewards as one more scalar reward
+                  (`agentic_grpo.rewards.turns:TurnRewardSum`): the same information, no credit assignment
+    turn          `advantage: turn`
+    anchor        `advantage: anchor`
+Every `--eval-every` steps a checkpoint is saved; afterwards each is evaluated on the recipe's held-out
+split (greedy pass@1) for strict accuracy: the right answer, with every turn in the format. The area
+under each accuracy-vs-step curve (trapezoids, divided by the steps, so 1.0 = always right) sums a run.
+Writes `credit.json` and `credit.png` to the output directory.
+
+    agentic-grpo bench credit --seeds 0 1 --max-steps 30 --eval-every 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ARMS: dict[str, dict[str, Any]] = {
+    "outcome": {"advantage": "outcome"},
+    "outcome_sum": {"advantage": "outcome", "extra_reward": "agentic_grpo.rewards.turns:TurnRewardSum"},
+    "turn": {"advantage": "turn"},
+    "anchor": {"advantage": "anchor"},
+}
+
+
+def arm_recipe(base: dict[str, Any], arm: str, seed: int, max_steps: int, eval_every: int, out: Path) -> dict:
+    """The recipe of one run: the base recipe with the arm's estimator, the seed and the shared budget."""
+    recipe = dict(base)
+    recipe["advantage"] = ARMS[arm]["advantage"]
+    if "extra_reward" in ARMS[arm]:
+        recipe["rewards"] = [*base["rewards"], {"type": ARMS[arm]["extra_reward"], "weight": 1.0}]
+    recipe.update(
+        seed=seed,
+        max_steps=max_steps,
+        save_steps=eval_every,
+        save_total_limit=None,  # every checkpoint stays: each is a point of the curve
+        output_dir=str(out),
+        eval_before_after=False,
+        overwrite_output_dir=True,
+    )
+    return recipe
+
+
+def strict_accuracy(model: str, recipe_path: Path, questions: int) -> dict[str, float]:
+    """Greedy pass@1 on the held-out split: right answer, final answer given, no malformed turn."""
+    from agentic_grpo.config import read_recipe
+    from agentic_grpo.data import load_task_data
+    from agentic_grpo.evaluate import evaluate, load_policy
+    from agentic_grpo.reward_setup import build_rewards
+    from agentic_grpo.run_parts import build_rollout_parts
+
+    recipe_args, config, _ = read_recipe(["--config", str(recipe_path)])
+    parts = build_rollout_parts(config)
+    rewards, _ = build_rewards(recipe_args.rewards)
+    _, test = load_task_data(recipe_args.dataset)
+    if test is None:
+        raise ValueError(f"recipe `{recipe_path}` has no held-out split: set `num_test` (or `test_split`)")
+    policy, tokenizer = load_policy(model)
+    metrics, records = evaluate(policy, tokenizer, parts, rewards, list(test)[:questions], k=1, progress=False)
+    strict = [r["correct"] and r["final_answer"] is not None and r["malformed_turns"] == 0 for r in records]
+    return {"strict_accuracy": sum(strict) / len(strict), "accuracy": metrics["accuracy"],
+            "turns_mean": metrics["turns_mean"]}  # fmt: skip
+
+
+def area_under_curve(steps: list[int], values: list[float]) -> float:
+    """Trapezoid area under values(step), divided by the step span: the curve's mean height."""
+    if len(steps) < 2:
+        return values[0] if values else math.nan
+    area = sum((steps[i + 1] - steps[i]) * (values[i] + values[i + 1]) / 2 for i in range(len(steps) - 1))
+    return area / (steps[-1] - steps[0])
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    return mean, (sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)) ** 0.5
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for color, (arm, runs) in zip(
+        plt.rcParams["axes.prop_cycle"].by_key()["color"], result["arms"].items(), strict=False
+    ):
+        curves = list(runs["seeds"].values())
+        steps = curves[0]["steps"]
+        for curve in curves:
+            axes.plot(curve["steps"], curve["strict_accuracy"], color=color, alpha=0.25, linewidth=1)
+        mean = [sum(c["strict_accuracy"][i] for c in curves) / len(curves) for i in range(len(steps))]
+        axes.plot(steps, mean, color=color, linewidth=2.5, marker="o", label=f"{arm} (AUC {runs['auc_mean']:.3f})")
+    axes.set_xlabel("training step")
+    axes.set_ylabel("held-out strict accuracy (greedy)")
+    axes.set_title(f"Per-turn credit: {result['recipe']}, {len(result['seeds'])} seed(s) per arm")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default="credit_demo", help="recipe file or shipped name (default: credit_demo)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--max-steps", type=int, default=30, help="training steps of every run")
+    parser.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations")
+    parser.add_argument("--questions", type=int, default=48, help="held-out questions per evaluation")
+    parser.add_argument("--output-dir", default="outputs/credit", help="runs, credit.json and credit.png go here")
+    args = parser.parse_args(argv)
+
+    import yaml
+
+    from agentic_grpo.resources import find_shipped
+
+    base_path = find_shipped(args.recipe, "recipes", ".yaml")
+    base = yaml.safe_load(base_path.read_text())
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = sorted({0, *range(args.eval_every, args.max_steps + 1, args.eval_every), args.max_steps})
+
+    base_recipe = out / "base.yaml"
+    base_recipe.write_text(yaml.safe_dump({**base, "output_dir": str(out / "eval")}))
+    # Step 0 is the untrained model, the same for every arm and seed (greedy decoding): measured once.
+    start_point = strict_accuracy(base["model_name_or_path"], base_recipe, args.questions)
+    result: dict[str, Any] = {"benchmark": "credit", "recipe": base_path.name, "seeds": args.seeds,
+                              "max_steps": args.max_steps, "eval_steps": steps, "questions": args.questions,
+                              "arms": {}}  # fmt: skip
+    for arm in args.arms:
+        runs: dict[str, Any] = {}
+        for seed in args.seeds:
+            run_dir = out / f"{arm}-seed{seed}"
+            recipe_path = out / f"{arm}-seed{seed}.yaml"
+            recipe_path.write_text(
+                yaml.safe_dump(arm_recipe(base, arm, seed, args.max_steps, args.eval_every, run_dir))
+            )
+            began = time.time()
+            command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", str(recipe_path)]
+            subprocess.run(command, check=True, stdout=sys.stderr)  # stdout carries only the JSON
+            minutes = (time.time() - began) / 60
+            curve = [start_point]
+            for step in steps[1:]:
+                checkpoint = run_dir / f"checkpoint-{step}"
+                curve.append(strict_accuracy(str(checkpoint if checkpoint.exists() else run_dir), recipe_path,
+                                             args.questions))  # fmt: skip
+            accuracy = [point["strict_accuracy"] for point in curve]
+            runs[str(seed)] = {
+                "steps": steps,
+                "strict_accuracy": accuracy,
+                "auc": area_under_curve(steps, accuracy),
+                "final": accuracy[-1],
+                "turns_mean": [point["turns_mean"] for point in curve],
+                "train_minutes": round(minutes, 2),
+            }
+        auc_mean, auc_std = mean_std([r["auc"] for r in runs.values()])
+        result["arms"][arm] = {"auc_mean": auc_mean, "auc_std": auc_std, "seeds": runs}
+    result["command"] = " ".join(["agentic-grpo bench credit", *(argv if argv is not None else sys.argv[1:])])
+    (out / "credit.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / "credit.png")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
