@@ -56,6 +56,9 @@ class Segment:
 
 
 FinishReason = Literal["final_answer", "max_turns", "length", "eos", "running"]
+"""Why a trajectory ended: `final_answer` (a complete turn gave one), `max_turns` (out of turns),
+`length` (a turn was cut by `max_tokens_per_turn` or the trajectory's token budget: whatever that
+turn wrote, answer or tool call, is not acted on). Only `length` counts as truncated."""
 
 
 @dataclass
