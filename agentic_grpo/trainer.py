@@ -21,10 +21,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
+from agentic_grpo.clipped import log_clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat, load_format
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
+from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.plugins import PluginError, import_object
 from agentic_grpo.rollout import RolloutLimits, RolloutManager, RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
@@ -97,6 +99,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
             rollout_func=self._rollout, **kwargs,
         )  # fmt: skip
+        # TRL's `mask_truncated_completions` tests the last token (not EOS = cut), which mislabels
+        # trajectories ending on a stop string or out of turns; we mask by finish reason in `env_mask`.
+        self.mask_truncated_by_finish_reason = self.mask_truncated_completions
+        self.mask_truncated_completions = False
         self.sandbox_pool = (
             make_sandbox_pool(args, self.accelerator.process_index) if environment_cls.needs_sandbox else None
         )
@@ -132,6 +138,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 if path is not None:
                     print(f"The step's trajectories are in {path}", flush=True)
             raise
+        self._log_raw_reward_means()
         if self.model.training:
             self._save_trajectories(output.get("advantages"))
         return output
@@ -145,7 +152,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
             "logprobs": None,  # HF generate: TRL recomputes log-probs itself when it needs them
-            "env_mask": [t.loss_mask for t in trajectories],
+            "env_mask": [masked_loss_mask(t, self.mask_truncated_by_finish_reason) for t in trajectories],
             "trajectory": trajectories,
         }
 
@@ -153,8 +160,27 @@ class AgenticGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._metrics["train" if self.model.training else "eval"]["time/reward"].append(time.perf_counter() - start)
-        self._rewards_per_func = rewards
-        return rewards
+        self._rewards_per_func = rewards  # as the rewards gave them (NaN = None), for the trajectory files
+        mode = "train" if self.model.training else "eval"
+        return fill_missing_with_group_mean(
+            rewards, self.num_generations if mode == "train" else self.num_generations_eval
+        )
+
+    def _generate(self, prompts: list) -> Any:
+        output = super()._generate(prompts)
+        log_clipped_metrics(self, self._trajectories, "train" if self.model.training else "eval")
+        return output
+
+    def _log_raw_reward_means(self) -> None:
+        """`rewards/<name>/mean` and `/std` over the trajectories each reward really scored (not the filled values)."""
+        if self._rewards_per_func is None:
+            return
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        means, stds = raw_reward_means(self._rewards_per_func)
+        for name, mean, std in zip(self.reward_func_names, means, stds, strict=True):
+            for key, value in ((f"rewards/{name}/mean", mean), (f"rewards/{name}/std", std)):
+                if metrics.get(key):
+                    metrics[key][-1] = value
 
     # --- metrics and files --------------------------------------------------------------
 
@@ -203,10 +229,13 @@ class AgenticGRPOTrainer(GRPOTrainer):
         if error is None and (not every or step % every or self._rewards_per_func is None):
             return None
         n = len(self._trajectories)
-        rewards = None
+        rewards = filled = None
         if self._rewards_per_func is not None:
             start = self.accelerator.process_index * n
             rewards = self._rewards_per_func[start : start + n].cpu()
+            filled = fill_missing_with_group_mean(self._rewards_per_func, self.num_generations)[
+                start : start + n
+            ].cpu()
         weights = self.reward_weights.cpu()
         names = self.reward_func_names
         records = []
@@ -218,7 +247,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 record["rewards"] = {
                     name: (None if torch.isnan(r) else float(r)) for name, r in zip(names, rewards[i], strict=False)
                 }
-                record["reward"] = float(torch.nansum(rewards[i] * weights))
+                record["reward"] = float(torch.nansum(filled[i] * weights))  # a None counts as its group's mean
             if advantages is not None and i < len(advantages):
                 record["advantage"] = float(advantages[i])
             if error is not None:
