@@ -77,6 +77,8 @@ class Trajectory:
     finish_reason: FinishReason = "running"
     turns: int = 0
     malformed_turns: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+    """What rewards recorded about this trajectory (e.g. a judge's raw reply), saved with it."""
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -114,4 +116,5 @@ class Trajectory:
             "finish_reason": self.finish_reason,
             "turns": self.turns,
             "malformed_turns": self.malformed_turns,
+            "notes": self.notes,
         }
