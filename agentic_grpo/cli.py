@@ -39,7 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--model", required=True, help="model directory, checkpoint, LoRA adapter or alias")
     evaluate.add_argument("--recipe", required=True, help="recipe YAML: tools, format, rewards and data")
     evaluate.add_argument("--split", default="test", choices=["test", "train"], help="recipe split to use")
-    evaluate.add_argument("--data", help="JSONL file with `question` and `answer` per line, instead of the recipe's")
+    evaluate.add_argument(
+        "--data",
+        help="instead of the recipe's data: a JSONL file with `question` and `answer` per line, or a reasoning-gym "
+        "task's test split, `reasoning_gym:NAME` (config as a query: `reasoning_gym:products?min_digits=3&max_digits=3"
+        "&seed=0`; --limit questions, default 100)",
+    )
     evaluate.add_argument("-k", type=int, default=1, help="samples per question: 1 = greedy pass@1, k>1 = pass@k")
     evaluate.add_argument("--temperature", type=float, default=0.7, help="sampling temperature for k > 1")
     evaluate.add_argument("--limit", type=int, help="evaluate only the first N questions")
@@ -124,7 +129,13 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         recipe, config, _ = read_recipe(["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
         rewards, _ = build_rewards(recipe.rewards)
-        if args.data:
+        if args.data and args.data.startswith("reasoning_gym:"):
+            from datasets import Dataset
+
+            from agentic_grpo.reasoning_gym_tasks import held_out_rows
+
+            rows = Dataset.from_list(held_out_rows(args.data, args.limit or 100))
+        elif args.data:
             if not Path(args.data).is_file():
                 raise ValueError(f"--data file `{args.data}` does not exist")
             rows = load_dataset("json", data_files=args.data, split="train")
