@@ -1,4 +1,4 @@
-"""The `agentic-grpo` command: train, eval, show, plot, sandbox."""
+"""The `agentic-grpo` command: train, eval, audit-rewards, show, plot, bench, sandbox."""
 
 from __future__ import annotations
 
@@ -51,6 +51,28 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--batch-size", type=int, default=16, help="trajectories generated at once")
     evaluate.add_argument("--output", help="where to write the JSON report (default: next to the model)")
     evaluate.set_defaults(func=_eval)
+
+    audit = commands.add_parser(
+        "audit-rewards",
+        help="try to game a recipe's rewards with adversarial trajectories (run it before spending GPU hours)",
+        description="Write adversarial trajectories for real rows of the recipe's data (the question's expression "
+        "echoed as the answer, the right number only in a thought, an empty answer, several answers, a forged tool "
+        "output, the answer buried in long or repeated text, format without content, and text that tries to steer "
+        "an LLM judge), play them through the recipe's real format and tools next to an honest trajectory, score "
+        "them with every reward of the recipe, print a table and write JSON. Exits 1 when a probe earns as much "
+        "as the honest trajectory (or a judge reads a score out of a mangled reply), 2 on bad input. Needs the "
+        "model's tokenizer only (a stand-in when it is not on this machine), never its weights.",
+    )
+    audit.add_argument("--recipe", required=True, help="recipe YAML or shipped recipe name")
+    audit.add_argument("--data", help="rows to audit on: JSONL with `question` and `answer`, or reasoning_gym:NAME "
+                       "(default: the recipe's training data)")  # fmt: skip
+    audit.add_argument("--limit", type=int, default=3, help="rows to audit (default 3)")
+    audit.add_argument("--judge-endpoint", help="audit LLM judges against this OpenAI-compatible URL instead of "
+                       "the recipe's (a judge whose endpoint does not answer is reported as skipped)")  # fmt: skip
+    audit.add_argument("--judge-model", help="the model name to ask at --judge-endpoint")
+    audit.add_argument("--tokenizer", help="tokenizer to use instead of the recipe model's")
+    audit.add_argument("--output", help="JSON report path (default: outputs/audit/RECIPE.json)")
+    audit.set_defaults(func=_audit)
 
     show = commands.add_parser(
         "show",
@@ -163,6 +185,24 @@ def _eval(args: argparse.Namespace) -> int:
     print(json.dumps(metrics, indent=2))
     print(f"report: {output} (trajectories beside it)")
     return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from agentic_grpo.audit.report import print_report, write_report
+    from agentic_grpo.audit.run import audit_recipe
+
+    try:
+        report = audit_recipe(
+            args.recipe, data=args.data, limit=args.limit, judge_endpoint=args.judge_endpoint,
+            judge_model=args.judge_model, tokenizer_path=args.tokenizer,
+        )  # fmt: skip
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_report(report)
+    output = args.output or str(Path("outputs") / "audit" / f"{Path(args.recipe).stem}.json")
+    print(f"report: {write_report(report, output)}")
+    return 0 if report.passed else 1
 
 
 def _plot(args: argparse.Namespace) -> int:
