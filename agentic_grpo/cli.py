@@ -188,8 +188,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    import warnings
+
     from agentic_grpo.audit.report import print_report, write_report
     from agentic_grpo.audit.run import audit_recipe
+
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
 
     try:
         report = audit_recipe(

@@ -124,7 +124,18 @@ def audit_recipe(
     from agentic_grpo.rollout import RolloutLimits, RolloutManager
     from agentic_grpo.trainer import load_environment, make_sandbox_pool
 
-    recipe_args, config, model_config = read_recipe(["--config", recipe, "--output_dir", "/tmp/agentic-grpo-audit"])
+    # No training happens: GPU-only settings (bf16 on a CPU machine, W&B) must not stop an audit.
+    overrides = [
+        "--output_dir",
+        "/tmp/agentic-grpo-audit",
+        "--bf16",
+        "false",
+        "--fp16",
+        "false",
+        "--report_to",
+        "none",
+    ]
+    recipe_args, config, model_config = read_recipe(["--config", recipe, *overrides])
     rows = audit_rows(recipe_args.dataset, data, limit)
     tokenizer, tokenizer_note = load_audit_tokenizer(tokenizer_path or model_config.model_name_or_path)
     environment = load_environment(config.environment)
