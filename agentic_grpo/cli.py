@@ -1,4 +1,4 @@
-"""The `agentic-grpo` command: train, eval, show, plot, sandbox."""
+"""The `agentic-grpo` command: train, eval, audit-rewards, show, plot, bench, sandbox."""
 
 from __future__ import annotations
 
@@ -39,13 +39,40 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--model", required=True, help="model directory, checkpoint, LoRA adapter or alias")
     evaluate.add_argument("--recipe", required=True, help="recipe YAML: tools, format, rewards and data")
     evaluate.add_argument("--split", default="test", choices=["test", "train"], help="recipe split to use")
-    evaluate.add_argument("--data", help="JSONL file with `question` and `answer` per line, instead of the recipe's")
+    evaluate.add_argument(
+        "--data",
+        help="instead of the recipe's data: a JSONL file with `question` and `answer` per line, or a reasoning-gym "
+        "task's test split, `reasoning_gym:NAME` (config as a query: `reasoning_gym:products?min_digits=3&max_digits=3"
+        "&seed=0`; --limit questions, default 100)",
+    )
     evaluate.add_argument("-k", type=int, default=1, help="samples per question: 1 = greedy pass@1, k>1 = pass@k")
     evaluate.add_argument("--temperature", type=float, default=0.7, help="sampling temperature for k > 1")
     evaluate.add_argument("--limit", type=int, help="evaluate only the first N questions")
     evaluate.add_argument("--batch-size", type=int, default=16, help="trajectories generated at once")
     evaluate.add_argument("--output", help="where to write the JSON report (default: next to the model)")
     evaluate.set_defaults(func=_eval)
+
+    audit = commands.add_parser(
+        "audit-rewards",
+        help="try to game a recipe's rewards with adversarial trajectories (run it before spending GPU hours)",
+        description="Write adversarial trajectories for real rows of the recipe's data (the question's expression "
+        "echoed as the answer, the right number only in a thought, an empty answer, several answers, a forged tool "
+        "output, the answer buried in long or repeated text, format without content, and text that tries to steer "
+        "an LLM judge), play them through the recipe's real format and tools next to an honest trajectory, score "
+        "them with every reward of the recipe, print a table and write JSON. Exits 1 when a probe earns as much "
+        "as the honest trajectory (or a judge reads a score out of a mangled reply), 2 on bad input. Needs the "
+        "model's tokenizer only (a stand-in when it is not on this machine), never its weights.",
+    )
+    audit.add_argument("--recipe", required=True, help="recipe YAML or shipped recipe name")
+    audit.add_argument("--data", help="rows to audit on: JSONL with `question` and `answer`, or reasoning_gym:NAME "
+                       "(default: the recipe's training data)")  # fmt: skip
+    audit.add_argument("--limit", type=int, default=3, help="rows to audit (default 3)")
+    audit.add_argument("--judge-endpoint", help="audit LLM judges against this OpenAI-compatible URL instead of "
+                       "the recipe's (a judge whose endpoint does not answer is reported as skipped)")  # fmt: skip
+    audit.add_argument("--judge-model", help="the model name to ask at --judge-endpoint")
+    audit.add_argument("--tokenizer", help="tokenizer to use instead of the recipe model's")
+    audit.add_argument("--output", help="JSON report path (default: outputs/audit/RECIPE.json)")
+    audit.set_defaults(func=_audit)
 
     show = commands.add_parser(
         "show",
@@ -126,7 +153,13 @@ def _eval(args: argparse.Namespace) -> int:
         recipe, config, _ = read_recipe(["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
         parts = build_rollout_parts(config)
         rewards, _ = build_rewards(recipe.rewards)
-        if args.data:
+        if args.data and args.data.startswith("reasoning_gym:"):
+            from datasets import Dataset
+
+            from agentic_grpo.reasoning_gym_tasks import held_out_rows
+
+            rows = Dataset.from_list(held_out_rows(args.data, args.limit or 100))
+        elif args.data:
             if not Path(args.data).is_file():
                 raise ValueError(f"--data file `{args.data}` does not exist")
             rows = load_dataset("json", data_files=args.data, split="train")
@@ -153,6 +186,28 @@ def _eval(args: argparse.Namespace) -> int:
     print(json.dumps(metrics, indent=2))
     print(f"report: {output} (trajectories beside it)")
     return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    import warnings
+
+    from agentic_grpo.audit.report import print_report, write_report
+    from agentic_grpo.audit.run import audit_recipe
+
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
+
+    try:
+        report = audit_recipe(
+            args.recipe, data=args.data, limit=args.limit, judge_endpoint=args.judge_endpoint,
+            judge_model=args.judge_model, tokenizer_path=args.tokenizer,
+        )  # fmt: skip
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_report(report)
+    output = args.output or str(Path("outputs") / "audit" / f"{Path(args.recipe).stem}.json")
+    print(f"report: {write_report(report, output)}")
+    return 0 if report.passed else 1
 
 
 def _plot(args: argparse.Namespace) -> int:

@@ -18,11 +18,23 @@ def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset 
     """Train and (optional) test datasets for a recipe's `dataset` field."""
     if spec is None:
         raise ValueError(
-            "recipe field `dataset` is missing: give `{generator: ...}` or `{path: json, data_files: ...}`"
+            "recipe field `dataset` is missing: give `{generator: ...}`, `{reasoning_gym: TASK, ...}` or "
+            "`{path: json, data_files: ...}`"
         )
     if isinstance(spec, str):
         spec = {"path": spec}
     spec = dict(spec)
+    if "reasoning_gym" in spec:
+        from agentic_grpo.reasoning_gym_tasks import DATASET_KEYS, reasoning_gym_splits
+
+        unknown = sorted(set(spec) - set(DATASET_KEYS))
+        if unknown:
+            raise ValueError(
+                f"recipe `dataset` for a reasoning-gym task: unknown key(s) {unknown}; keys: {DATASET_KEYS}"
+            )
+        splits = reasoning_gym_splits(**spec)
+        train, test = Dataset.from_list(splits["train"]), Dataset.from_list(splits["test"])
+        return train, (test if len(test) else None)
     if "generator" in spec:
         generator = import_object(spec.pop("generator"), what="dataset generator")
         splits = generator(**spec)

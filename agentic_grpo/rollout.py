@@ -156,6 +156,11 @@ class RolloutManager:
             stop_reason = generation.stop_reason if len(tokens) == len(generation.token_ids) else "length"
             trajectory.segments.append(Segment("model", tokens, self.tokenizer.decode(tokens)))
             trajectory.turns += 1
+            if stop_reason == "length":
+                # A turn cut by a token budget is unfinished text: its "answer" may be a cut number
+                # ("77" of "77,750") and its code a cut block. Neither is acted on; the trajectory ends.
+                trajectory.finish_reason = "length"
+                continue
             parsed = self.format.parse(self.tokenizer.decode(tokens, skip_special_tokens=True))
             if isinstance(parsed, FinalAnswer):
                 trajectory.final_answer = parsed.answer

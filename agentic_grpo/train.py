@@ -156,7 +156,7 @@ def run(prepared: PreparedRun) -> int:
         raise
     if main_process:
         write_run_status(config.output_dir, "completed", minutes=round((time.time() - start) / 60, 2))
-        print(summary(Path(config.output_dir)), flush=True)
+        print(summary(Path(config.output_dir), rewards), flush=True)
         if held_out:
             before, after = held_out["before"], held_out["after"]
             print(
@@ -275,8 +275,9 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def summary(output_dir: Path) -> str:
-    """Where the run's files are, and how tool use changed from the first to the last logged step."""
+def summary(output_dir: Path, rewards: list | None = None) -> str:
+    """Where the run's files are, how tool use changed from the first to the last logged step, and what
+    each reward with a `run_summary()` (an LLM judge: how much it scored) has to report."""
     lines = [f"\nRun finished. Outputs in {output_dir.resolve()}:"]
     metrics_path = output_dir / "metrics.jsonl"
     lines.append(f"  metrics:      {metrics_path}")
@@ -295,4 +296,9 @@ def summary(output_dir: Path) -> str:
                 f"{last['tools/call_rate']:.0%} (step {last['step']}); reward {first.get('reward', 0):.3f} -> "
                 f"{last.get('reward', 0):.3f}"
             )
+    for func in rewards or []:
+        report = getattr(getattr(func, "__wrapped__", func), "run_summary", None)
+        line = report() if callable(report) else None
+        if line:
+            lines.append(f"  {line}")
     return "\n".join(lines)

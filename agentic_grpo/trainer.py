@@ -26,10 +26,12 @@ from trl import GRPOTrainer
 
 from agentic_grpo.advantages import assign_turn_credit
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
+from agentic_grpo.clipped import log_clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
+from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.rollout import RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
 from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
@@ -60,6 +62,10 @@ def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -
             "steps_per_generation), which splits some groups across processes: make that a multiple of "
             "num_generations"
         )
+
+
+def nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 class AgenticGRPOTrainer(GRPOTrainer):
@@ -109,6 +115,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
             rollout_func=self._rollout, **kwargs,
         )  # fmt: skip
+        # TRL's `mask_truncated_completions` tests the last token (not EOS = cut), which mislabels
+        # trajectories ending on a stop string or out of turns; we mask by finish reason in `env_mask`.
+        self.mask_truncated_by_finish_reason = self.mask_truncated_completions
+        self.mask_truncated_completions = False
         self.sandbox_pool = parts.sandbox_pool(self.accelerator.process_index)
         if self.sandbox_pool is not None:  # slots and workspaces go with the trainer, or at exit
             weakref.finalize(self, self.sandbox_pool.close)
@@ -140,6 +150,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
             raise
         outcome_advantages = output.get("advantages")
         self._assign_turn_credit(inputs, output)
+        self._log_raw_reward_means(inputs)
         if self.model.training:
             self._save_trajectories(inputs, outcome_advantages)
         return output
@@ -193,7 +204,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
             "logprobs": None,  # HF generate: TRL recomputes log-probs itself when it needs them
-            "env_mask": [t.loss_mask for t in trajectories],
+            "env_mask": [masked_loss_mask(t, self.mask_truncated_by_finish_reason) for t in trajectories],
             "trajectory": trajectories,
         }
 
@@ -201,13 +212,41 @@ class AgenticGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._metrics["train" if self.model.training else "eval"]["time/reward"].append(time.perf_counter() - start)
+        mode = "train" if self.model.training else "eval"
+        filled = fill_missing_with_group_mean(
+            rewards, self.num_generations if mode == "train" else self.num_generations_eval
+        )
+        weights = self.reward_weights.to(rewards.device)
         first = self.accelerator.process_index * len(inputs)  # `rewards` holds every process's rows
-        for row, scores in zip(inputs, rewards[first : first + len(inputs)].tolist(), strict=True):
-            row["trajectory"].rewards = {
+        local = slice(first, first + len(inputs))
+        trained = (filled[local] * weights).nansum(dim=1).tolist()
+        for row, scores, reward in zip(inputs, rewards[local].tolist(), trained, strict=True):
+            trajectory = row["trajectory"]
+            trajectory.rewards = {  # as the rewards gave them: None stays None in the trajectory files
                 name: None if math.isnan(score) else score
                 for name, score in zip(self.reward_func_names, scores, strict=True)
             }
-        return rewards
+            trajectory.reward = reward  # what the advantage was computed from (a None counted as its group's mean)
+        return filled
+
+    def _generate(self, prompts: list) -> Any:
+        output = super()._generate(prompts)
+        extra_fields = output[5]
+        log_clipped_metrics(self, extra_fields["trajectory"], "train" if self.model.training else "eval")
+        return output
+
+    def _log_raw_reward_means(self, inputs: list[dict[str, Any]]) -> None:
+        """`rewards/<name>/mean` and `/std` over the trajectories each reward really scored (not the filled values)."""
+        scored = gather_object([row["trajectory"].rewards for row in inputs if "trajectory" in row])
+        if not scored:
+            return
+        names = self.reward_func_names
+        raw = torch.tensor([[nan_if_none(r.get(n)) for n in names] for r in scored], dtype=torch.float32)
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for name, mean, std in zip(names, *raw_reward_means(raw), strict=True):
+            for key, value in ((f"rewards/{name}/mean", mean), (f"rewards/{name}/std", std)):
+                if metrics.get(key):
+                    metrics[key][-1] = value
 
     # --- metrics and files --------------------------------------------------------------
 
@@ -257,7 +296,6 @@ class AgenticGRPOTrainer(GRPOTrainer):
         step = self.state.global_step + 1  # the optimizer step these trajectories train
         if error is None and (not every or step % every):
             return None
-        weights = dict(zip(self.reward_func_names, self.reward_weights.tolist(), strict=True))
         records = []
         for i, row in enumerate(inputs):
             trajectory = row.get("trajectory")
@@ -265,8 +303,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 return None
             record = trajectory.to_dict()
             record["row"] = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
-            if trajectory.rewards:
-                record["reward"] = sum(weights[n] * v for n, v in trajectory.rewards.items() if v is not None)
+            if trajectory.reward is not None:
+                record["reward"] = trajectory.reward
             if advantages is not None and i < len(advantages):
                 record["advantage"] = float(advantages[i])
             if error is not None:

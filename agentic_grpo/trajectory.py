@@ -56,6 +56,9 @@ class Segment:
 
 
 FinishReason = Literal["final_answer", "max_turns", "length", "eos", "running"]
+"""Why a trajectory ended: `final_answer` (a complete turn gave one), `max_turns` (out of turns),
+`length` (a turn was cut by `max_tokens_per_turn` or the trajectory's token budget: whatever that
+turn wrote, answer or tool call, is not acted on). Only `length` counts as truncated."""
 
 
 @dataclass
@@ -102,6 +105,11 @@ class Trajectory:
         self.turn_rewards[turn] += float(amount)
         return True
 
+    reward: float | None = None
+    """The weighted reward the advantage was computed from (a missing reward counted as its group's mean)."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """What rewards recorded about this trajectory (e.g. a judge's raw reply), saved with it."""
+
     @property
     def prompt_ids(self) -> list[int]:
         return [t for s in self.segments if s.role == "prompt" for t in s.token_ids]
@@ -143,4 +151,5 @@ class Trajectory:
             **({"paid_facts": dict(self.paid_facts)} if self.paid_facts else {}),
             **({"turn_states": list(self.turn_states)} if any(s is not None for s in self.turn_states) else {}),
             **({"turn_advantages": list(self.turn_advantages)} if self.turn_advantages is not None else {}),
+            **({"notes": dict(self.notes)} if self.notes else {}),
         }

@@ -108,6 +108,7 @@ async def measure(judge: LLMJudge, batch: dict, one_at_a_time: bool) -> dict:
         "retries": int(sum(metrics["judge/retries"])),
         "failures": int(sum(metrics["judge/failures"])),
         "parse_failures": int(sum(metrics["judge/parse_failures"])),
+        "structured_calls": int(sum(metrics["judge/structured_calls"])),
         "scored_fraction": round(sum(s is not None for s in scores) / n, 3),
     }
 
@@ -122,6 +123,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads (1 copes best with a busy CPU)")
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--structured-output", choices=["auto", "off"], default="auto",
+        help="auto: ask the server for the score's JSON schema (free text if refused); off: free text only",
+    )  # fmt: skip
     args = parser.parse_args()
 
     server = None
@@ -136,6 +141,7 @@ def main() -> None:
         batch = make_batch(args.queries, args.group_size)
         common = {"endpoint": endpoint, "model": args.model, "max_tokens": args.max_tokens, "cache_size": 0}
         common["timeout_s"] = args.timeout
+        common["structured_output"] = args.structured_output
         results = {
             "sequential": asyncio.run(measure(LLMJudge(**common, max_concurrency=1), batch, one_at_a_time=True)),
             "per_trajectory": asyncio.run(
@@ -157,6 +163,7 @@ def main() -> None:
         "group_size": args.group_size,
         "max_tokens": args.max_tokens,
         "concurrency": args.concurrency,
+        "structured_output": args.structured_output,
         "results": results,
     }
     print(json.dumps(report, indent=2))

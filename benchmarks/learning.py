@@ -1,11 +1,16 @@
-"""Does training make the agent better on problems it never saw? Prints JSON.
+"""Does training make the agent better on problems it never saw? Scored strictly; prints JSON.
 
 Evaluates the untrained model on the recipe's held-out split, trains with the recipe
-(`train.py`, a real run), evaluates the trained adapter or model on the same split, and
-reports both accuracies, the minutes, the peak memory and the seed.
+(a real run per seed), evaluates each trained adapter or model on the same split, and
+reports the accuracies, the minutes, the peak memory and the seeds.
 
-    agentic-grpo bench learning --seed 0
-    agentic-grpo bench learning --seed 1 --max-steps 40 --questions 48
+Strict scoring: a trajectory is correct only when its final answer, from a complete turn,
+is the reference number itself (commas, `$`, a unit word or a trailing period allowed; an
+expression such as `504 * 766` is not an answer), whatever the recipe's own rewards pay.
+
+    agentic-grpo bench learning --seeds 0 1 2                       # the CPU demo, three seeds
+    agentic-grpo bench learning --recipe cpu_reasoning_gym --seeds 0 1 2 --questions 100
+    agentic-grpo bench learning --recipe ci_tiny --seeds 0 --max-steps 1 --questions 2   # a smoke run
 """
 
 from __future__ import annotations
@@ -17,9 +22,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
-def held_out_accuracy(model: str, recipe: str, questions: int, k: int) -> dict:
+def strictly_correct(final_answer: str | None, gold: Any) -> bool:
+    """The answer is the reference number itself (or, for a non-numeric reference, the same normalized text)."""
+    from agentic_grpo.rewards.rules import normalize_answer, plain_number
+
+    if final_answer is None or gold is None:
+        return False
+    gold_number = plain_number(str(gold))
+    if gold_number is None:
+        return normalize_answer(final_answer) == normalize_answer(str(gold))
+    return plain_number(final_answer) == gold_number
+
+
+def held_out(model: str, recipe: str, questions: int, k: int) -> dict:
+    """Strict accuracy (and the recipe-reward accuracy beside it) of `model` on the recipe's test split."""
     from agentic_grpo.config import read_recipe
     from agentic_grpo.data import load_task_data
     from agentic_grpo.evaluate import evaluate, load_policy
@@ -30,55 +49,83 @@ def held_out_accuracy(model: str, recipe: str, questions: int, k: int) -> dict:
     parts = build_rollout_parts(config)
     rewards, _ = build_rewards(recipe_args.rewards)
     _, test = load_task_data(recipe_args.dataset)
+    if test is None:
+        raise SystemExit(f"recipe {recipe} has no test split to measure on")
     policy, tokenizer = load_policy(model)
-    metrics, _ = evaluate(policy, tokenizer, parts, rewards, list(test)[:questions], k=k, progress=False)
-    return metrics
+    metrics, records = evaluate(policy, tokenizer, parts, rewards, list(test)[:questions], k=k, progress=False)
+    strict = [strictly_correct(r["final_answer"], r["row"].get("answer")) for r in records]
+    return {
+        "strict_accuracy": sum(strict) / max(1, len(strict)),
+        "reward_accuracy": metrics["accuracy"],
+        "tool_call_rate": metrics["tool_call_rate"],
+        "cut_rate": sum(r["finish_reason"] == "length" for r in records) / max(1, len(records)),
+    }
+
+
+def train(recipe: str, seed: int, output_dir: str, max_steps: int | None) -> float:
+    """Train one run in a child process; returns its minutes."""
+    command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", recipe, "--seed", str(seed),
+               "--output_dir", output_dir, "--eval_before_after", "false", "--overwrite_output_dir", "true"]  # fmt: skip
+    if max_steps:
+        command += ["--max_steps", str(max_steps)]
+    start = time.time()
+    subprocess.run(command, check=True, stdout=sys.stderr)  # stdout carries only the JSON
+    return (time.time() - start) / 60
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="cpu_demo", help="recipe file or shipped recipe name (default: cpu_demo)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds (default: 0 1 2)")
+    parser.add_argument("--seed", type=int, help="one seed (same as --seeds N)")
     parser.add_argument("--max-steps", type=int, help="training steps (default: the recipe's)")
     parser.add_argument("--questions", type=int, default=48, help="held-out questions to evaluate")
     parser.add_argument("-k", type=int, default=1, help="1 = greedy pass@1; k > 1 = sampled pass@k")
-    parser.add_argument("--output-dir", default=None, help="run directory (default: outputs/learning-seedN)")
+    parser.add_argument("--output-dir", default=None, help="run directories' prefix (default: outputs/learning)")
     args = parser.parse_args()
+    seeds = [args.seed] if args.seed is not None else args.seeds
 
     import yaml
 
     from agentic_grpo.resources import find_shipped
 
-    args.recipe = str(find_shipped(args.recipe, "recipes", ".yaml"))
-    base_model = yaml.safe_load(Path(args.recipe).read_text())["model_name_or_path"]
-    output_dir = args.output_dir or str(Path("outputs") / f"learning-seed{args.seed}")
-    before = held_out_accuracy(base_model, args.recipe, args.questions, args.k)
-
-    command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", args.recipe, "--seed", str(args.seed),
-               "--output_dir", output_dir, "--eval_before_after", "false"]  # fmt: skip
-    if args.max_steps:
-        command += ["--max_steps", str(args.max_steps)]
-    start = time.time()
-    subprocess.run(command, check=True, stdout=sys.stderr)  # stdout carries only the JSON
-    minutes = (time.time() - start) / 60
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-    after = held_out_accuracy(output_dir, args.recipe, args.questions, args.k)
-    metric = "accuracy"
+    recipe = str(find_shipped(args.recipe, "recipes", ".yaml"))
+    base_model = yaml.safe_load(Path(recipe).read_text())["model_name_or_path"]
+    prefix = args.output_dir or str(Path("outputs") / "learning")
+    before = held_out(base_model, recipe, args.questions, args.k)  # greedy: the same for every seed
+    runs = []
+    for seed in seeds:
+        output_dir = f"{prefix}-{Path(recipe).stem}-seed{seed}"
+        minutes = train(recipe, seed, output_dir, args.max_steps)
+        after = held_out(output_dir, recipe, args.questions, args.k)
+        runs.append({
+            "seed": seed,
+            "accuracy_after": after["strict_accuracy"],
+            "gain_points": round(100 * (after["strict_accuracy"] - before["strict_accuracy"]), 1),
+            "reward_accuracy_after": after["reward_accuracy"],
+            "tool_call_rate_after": after["tool_call_rate"],
+            "cut_rate_after": after["cut_rate"],
+            "train_minutes": round(minutes, 1),
+            "output_dir": output_dir,
+        })  # fmt: skip
+    gains = [r["gain_points"] for r in runs]
     result = {
         "benchmark": "learning",
-        "recipe": Path(args.recipe).name,
-        "seed": args.seed,
+        "recipe": Path(recipe).name,
+        "scoring": "strict: the final answer is the reference number itself",
         "questions": args.questions,
         "k": args.k,
-        "accuracy_before": before[metric],
-        "accuracy_after": after[metric],
-        "gain_points": round(100 * (after[metric] - before[metric]), 1),
+        "accuracy_before": before["strict_accuracy"],
+        "reward_accuracy_before": before["reward_accuracy"],
         "tool_call_rate_before": before["tool_call_rate"],
-        "tool_call_rate_after": after["tool_call_rate"],
-        "train_minutes": round(minutes, 1),
-        "train_peak_memory_mb": round(peak_mb),
-        "command": " ".join(sys.argv),
+        "cut_rate_before": before["cut_rate"],
+        "runs": runs,
+        "accuracy_after_mean": round(sum(r["accuracy_after"] for r in runs) / len(runs), 3),
+        "gain_points_mean": round(sum(gains) / len(gains), 1),
+        "gain_points_min": min(gains),
+        "train_minutes_max": max(r["train_minutes"] for r in runs),
+        "train_peak_memory_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+        "command": " ".join(["agentic-grpo bench learning", *sys.argv[1:]]),
     }
     print(json.dumps(result, indent=2))
     return 0

@@ -30,7 +30,7 @@ from typing import Any
 
 from agentic_grpo.resources import find_shipped
 from agentic_grpo.rewards.judge_backends import JudgeBackend, JudgeReply, LocalBackend, OpenAIBackend
-from agentic_grpo.rewards.judge_parsing import parse_group_scores, parse_score
+from agentic_grpo.rewards.judge_parsing import parse_group_scores, parse_score, score_schema
 from agentic_grpo.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,8 @@ PLACEHOLDERS = {
 }
 REQUIRED_PLACEHOLDER = {"trajectory": "trajectory", "group": "trajectories"}
 NO_REFERENCE = "(none given: judge the final answer on its own merits)"
-METRICS = ("calls", "failures", "retries", "parse_failures", "cache_hits")
+METRICS = ("calls", "failures", "retries", "parse_failures", "cache_hits", "structured_calls")
+LOW_SCORED_WARN_EVERY = 25  # after the first warning, every N-th step below `min_scored_fraction` warns again
 
 
 class LLMJudge:
@@ -78,6 +79,11 @@ class LLMJudge:
         device: Device of the local judge model (`backend: local`), e.g. `cpu`, `cuda:1`.
         batch_size: Prompts per `generate` call of the local judge model.
         check_endpoint: Probe `endpoint` at start-up and warn (once) when it does not answer.
+        structured_output: `auto` asks the server for output constrained to the score's JSON schema (OpenAI
+            `json_schema`, else llama-cpp-python's `json_object` + schema) and falls back to free text when it
+            refuses both; `off` always asks for free text. Free text is parsed the same way in both cases.
+        min_scored_fraction: Warn (log, and the end-of-run summary) when fewer than this share of a step's
+            trajectories got a score. Every raw reply is kept in the trajectory files (`notes.<name>_reply`).
     """
 
     def __init__(
@@ -104,6 +110,8 @@ class LLMJudge:
         device: str = "cpu",
         batch_size: int = 8,
         check_endpoint: bool = True,
+        structured_output: str = "auto",
+        min_scored_fraction: float = 0.5,
     ) -> None:
         self.__name__ = "judge"  # TRL names the reward (`rewards/<name>/mean`) after this; the recipe overrides it
         if mode not in DEFAULT_RUBRICS:
@@ -134,12 +142,19 @@ class LLMJudge:
             raise ValueError(
                 f"LLMJudge fields `score_min` ({score_min}) and `score_max` ({score_max}): need min < max"
             )
+        if structured_output not in ("auto", "off"):
+            raise ValueError(f"LLMJudge field `structured_output` is {structured_output!r}; use `auto` or `off`")
+        if not 0.0 <= min_scored_fraction <= 1.0:
+            raise ValueError(f"LLMJudge field `min_scored_fraction` must be in [0, 1], got {min_scored_fraction!r}")
+        self.min_scored_fraction = float(min_scored_fraction)
+        self.structured_output = structured_output
         self.score_min, self.score_max = float(score_min), float(score_max)
         self.question_column, self.reference_column = question_column, reference_column
         self.max_tool_output_chars = max_tool_output_chars
         self.cache_size = cache_size
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self.totals = dict.fromkeys(METRICS, 0)  # since construction; the per-step numbers go to log_metric
+        self.totals.update(judged=0, scored=0, steps=0, low_steps=0)
         self._warned_failure = False
 
         self.backend: JudgeBackend
@@ -155,7 +170,7 @@ class LLMJudge:
                     )
             self.backend = OpenAIBackend(
                 endpoint, model, api_key, max_concurrency, timeout_s, max_retries, backoff_s, max_backoff_s,
-                max_tokens, temperature,
+                max_tokens, temperature, structured_output,
             )  # fmt: skip
             problem = self.backend.check() if check_endpoint else None
             if problem is not None:
@@ -228,16 +243,22 @@ class LLMJudge:
             else:
                 pending.setdefault(text, []).append(members)
 
+        answered = step["cache_hits"]  # trajectories the judge had something to say about
         texts = list(pending)
-        replies: list[JudgeReply] = await self.backend.complete_many(texts) if texts else []
+        schemas = [score_schema(self.mode, len(pending[t][0]), self.score_min, self.score_max) for t in texts]
+        replies: list[JudgeReply] = await self.backend.complete_many(texts, schemas) if texts else []
         for text, reply in zip(texts, replies, strict=True):
             step["calls"] += 1
             step["retries"] += reply.retries
+            step["structured_calls"] += int(reply.structured)
             latencies.append(reply.seconds)
+            for members in pending[text]:  # the raw reply goes with each trajectory it judged
+                self._note(trajectory, members, reply.text if reply.text is not None else f"(failed: {reply.error})")
             if reply.text is None:
                 step["failures"] += 1
                 self._warn_failure_once(reply.error)
                 continue
+            answered += sum(len(members) for members in pending[text])
             size = len(pending[text][0])
             parsed = (
                 [parse_score(reply.text, self.score_min, self.score_max)]
@@ -255,13 +276,59 @@ class LLMJudge:
 
         for key, value in step.items():
             self.totals[key] += value
+        scored = sum(s is not None for s in scores)
+        self._count_scored(n, scored, answered)
         if log_metric is not None:
             for key, value in step.items():
                 log_metric(f"judge/{key}", float(value))
             if latencies:
                 log_metric("judge/latency_s", sum(latencies) / len(latencies))
-            log_metric("judge/scored_fraction", sum(s is not None for s in scores) / max(n, 1))
+            log_metric("judge/scored_fraction", scored / max(n, 1))
         return scores
+
+    def run_summary(self) -> str | None:
+        """One line for the end-of-run summary: how much the judge scored, and a warning when too little."""
+        judged, scored = self.totals["judged"], self.totals["scored"]
+        if not judged:
+            return None
+        line = (
+            f"judge `{self.__name__}`: scored {scored} of {judged} trajectories ({scored / judged:.0%}); "
+            f"{self.totals['failures']} failed calls, {self.totals['parse_failures']} replies without a score"
+        )
+        if scored / judged < self.min_scored_fraction:
+            line += (
+                f". WARNING: below min_scored_fraction {self.min_scored_fraction:.0%} ({self.totals['low_steps']} "
+                f"of {self.totals['steps']} steps had answers without a score): the raw replies are in the trajectory files "
+                f"(`notes.{self.__name__}_reply`); use a judge model that follows the rubric's score format, "
+                "or a server that accepts a JSON schema (structured_output)"
+            )
+        return line
+
+    def _count_scored(self, n: int, scored: int, answered: int) -> None:
+        """Totals for the summary; a warning when the judge answered but too few answers held a score.
+
+        (Failed calls have a warning of their own; this one is for a judge that talks but never scores.)
+        """
+        self.totals["judged"] += n
+        self.totals["scored"] += scored
+        self.totals["steps"] += 1
+        if answered and scored / answered < self.min_scored_fraction:
+            self.totals["low_steps"] += 1
+            if self.totals["low_steps"] % LOW_SCORED_WARN_EVERY == 1:
+                logger.warning(
+                    "LLM judge `%s` scored %d of the %d trajectories it answered about this step (below "
+                    "min_scored_fraction %.0f%%, %d such steps so far): raw replies are in the trajectory files "
+                    "(notes.%s_reply)",
+                    self.__name__, scored, answered, 100 * self.min_scored_fraction, self.totals["low_steps"],
+                    self.__name__,
+                )  # fmt: skip
+
+    def _note(self, trajectory: list[Trajectory] | None, members: list[int], reply: str) -> None:
+        if trajectory is None:
+            return
+        for i in members:
+            if trajectory[i] is not None:
+                trajectory[i].notes[f"{self.__name__}_reply"] = reply
 
     # -- rendering ---------------------------------------------------------------------------------------------
 

@@ -7,6 +7,12 @@ failed call: a reward step must go on when the judge is down, so failure is a va
 Why our own retry loop instead of the openai client's: we need to count retries for the
 `judge/retries` metric, bound the whole call (not each socket read) by a timeout, and
 keep the concurrency slot free while backing off. The client's built-in retries are off.
+
+Structured output: given a JSON schema, the OpenAI backend asks the server for output
+constrained to it, in the first shape the server accepts: OpenAI's `json_schema`
+response format (OpenAI, vLLM, llama.cpp's C++ server), then `json_object` with a
+`schema` (llama-cpp-python's server). A server that refuses both (HTTP 400/422/500 on the
+request's shape) gets free text from then on, which the judge parses as before.
 """
 
 from __future__ import annotations
@@ -35,12 +41,13 @@ class JudgeReply:
     retries: int = 0
     seconds: float = 0.0
     error: str | None = None
+    structured: bool = False  # the server was asked for (and accepted) output constrained to the score's schema
 
 
 class JudgeBackend(Protocol):
     def describe(self) -> str: ...
 
-    async def complete_many(self, prompts: list[str]) -> list[JudgeReply]: ...
+    async def complete_many(self, prompts: list[str], schemas: list[dict] | None = None) -> list[JudgeReply]: ...
 
 
 class OpenAIBackend:
@@ -64,8 +71,11 @@ class OpenAIBackend:
         max_backoff_s: float = 30.0,
         max_tokens: int = 256,
         temperature: float = 0.0,
+        structured_output: str = "auto",
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
+        # The response formats still to try, best first; emptied when the server refuses them all.
+        self.response_formats = list(RESPONSE_FORMATS) if structured_output == "auto" else []
         self.model = model
         self._api_key = api_key or "EMPTY"  # local servers ignore it; the client insists on one
         self.max_concurrency = max_concurrency
@@ -99,16 +109,20 @@ class OpenAIBackend:
         except (OSError, ValueError) as error:
             return str(getattr(error, "reason", error))
 
-    async def complete_many(self, prompts: list[str]) -> list[JudgeReply]:
-        return list(await asyncio.gather(*(self.complete(p) for p in prompts)))
+    async def complete_many(self, prompts: list[str], schemas: list[dict] | None = None) -> list[JudgeReply]:
+        schemas = schemas or [None] * len(prompts)
+        return list(await asyncio.gather(*(self.complete(p, s) for p, s in zip(prompts, schemas, strict=True))))
 
-    async def complete(self, prompt: str) -> JudgeReply:
+    async def complete(self, prompt: str, schema: dict | None = None) -> JudgeReply:
         import openai
 
         client, slots = self._client()
         start, retries, error = time.monotonic(), 0, "no attempt"
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while attempt <= self.max_retries:
             retry_after = None
+            shape = self.response_formats[0] if schema is not None and self.response_formats else None
+            extra = {"response_format": shape(schema)} if shape else {}
             try:
                 async with slots:
                     async with asyncio.timeout(self.timeout_s):
@@ -117,13 +131,19 @@ class OpenAIBackend:
                             messages=[{"role": "user", "content": prompt}],
                             max_tokens=self.max_tokens,
                             temperature=self.temperature,
+                            **extra,
                         )
                 text = response.choices[0].message.content if response.choices else None
-                return JudgeReply(text=text or "", retries=retries, seconds=time.monotonic() - start)
+                return JudgeReply(
+                    text=text or "", retries=retries, seconds=time.monotonic() - start, structured=bool(shape)
+                )
             except (TimeoutError, openai.APIConnectionError) as exc:  # includes APITimeoutError
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             except openai.APIStatusError as exc:
                 error = f"HTTP {exc.status_code}"
+                if shape and exc.status_code in (400, 422, 500) and _refuses_format(exc):
+                    self._drop_format(shape, error)
+                    continue  # the same attempt, in the next shape (or free text): not a retry
                 if exc.status_code != 429 and exc.status_code < 500:
                     break  # the request itself is wrong (auth, model name, ...): asking again won't help
                 retry_after = _retry_after_seconds(exc.response.headers)
@@ -133,8 +153,16 @@ class OpenAIBackend:
                 break
             retries += 1
             await asyncio.sleep(self._delay(attempt, retry_after))
+            attempt += 1
         logger.debug("judge call failed after %d retries: %s", retries, error)
         return JudgeReply(text=None, retries=retries, seconds=time.monotonic() - start, error=error)
+
+    def _drop_format(self, shape: Any, error: str) -> None:
+        if shape in self.response_formats:
+            self.response_formats.remove(shape)
+            following = self.response_formats[0].__name__ if self.response_formats else "free text"
+            logger.info("judge server %s refused response format %s (%s): trying %s", self.endpoint,
+                        shape.__name__, error, following)  # fmt: skip
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -152,6 +180,27 @@ class OpenAIBackend:
             )
             self._per_loop[loop] = (client, asyncio.Semaphore(self.max_concurrency))
         return self._per_loop[loop]
+
+
+def json_schema_format(schema: dict) -> dict:
+    """OpenAI's structured-output request shape (OpenAI, vLLM, llama.cpp's C++ server)."""
+    return {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema, "strict": True}}
+
+
+def json_object_format(schema: dict) -> dict:
+    """llama-cpp-python's shape: JSON mode with a schema that its grammar enforces."""
+    return {"type": "json_object", "schema": schema}
+
+
+RESPONSE_FORMATS = (json_schema_format, json_object_format)
+
+
+def _refuses_format(exc: Any) -> bool:
+    """Whether an error answer is about the request's response_format (not auth, model name, overload)."""
+    if exc.status_code in (400, 422):  # a bad request: most likely the one field the plain request lacks
+        return True
+    body = str(getattr(exc, "body", "") or exc.message or "").lower()
+    return "grammar" in body or "schema" in body  # a 500 from a server whose grammar engine failed
 
 
 def _retry_after_seconds(headers: Any) -> float | None:
@@ -207,7 +256,8 @@ class LocalBackend:
     def describe(self) -> str:
         return f"local:{os.path.abspath(self.model_path)}:{self.max_tokens}:{self.temperature}"
 
-    async def complete_many(self, prompts: list[str]) -> list[JudgeReply]:
+    async def complete_many(self, prompts: list[str], schemas: list[dict] | None = None) -> list[JudgeReply]:
+        """Free-text replies (`schemas` is accepted and not enforced: `generate` has no JSON grammar here)."""
         replies: list[JudgeReply] = []
         for start in range(0, len(prompts), self.batch_size):
             batch = prompts[start : start + self.batch_size]

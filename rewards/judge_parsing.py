@@ -5,7 +5,8 @@ JSON or a "Score: 7/10" line. We try the structured reading first (a JSON object
 anywhere in the text), then a labelled number, and only then give up: a guessed score
 would be noise in the advantage, while None is left out of it by TRL. Every score is
 normalised from the rubric's scale to [0, 1]; a number outside the scale is a parse
-failure, not something to clamp.
+failure, not something to clamp. `score_schema` is the same verdict as a JSON schema, for
+servers that can constrain their output to one.
 """
 
 from __future__ import annotations
@@ -140,3 +141,20 @@ def _as_int(value: Any) -> int | None:
 
 def _float_or_none(text: str | None) -> float | None:
     return None if text is None else float(text)
+
+
+def score_schema(mode: str, n: int, low: float, high: float) -> dict:
+    """The JSON schema of a verdict: `{"score": s}`, or `{"scores": [s1, ..., sn]}` in group mode.
+
+    An integer scale of up to 100 steps is an enum (every grammar engine supports it); otherwise a number with
+    bounds. A short optional `reason` follows the score, so a reply cut at `max_tokens` still holds the score.
+    """
+    if low.is_integer() and high.is_integer() and high - low <= 100:
+        score: dict = {"type": "integer", "enum": list(range(int(low), int(high) + 1))}
+    else:
+        score = {"type": "number", "minimum": low, "maximum": high}
+    reason = {"type": "string", "maxLength": 200}
+    if mode == "group":
+        scores = {"type": "array", "items": score, "minItems": n, "maxItems": n}
+        return {"type": "object", "properties": {"scores": scores, "reason": reason}, "required": ["scores"]}
+    return {"type": "object", "properties": {"score": score, "reason": reason}, "required": ["score"]}

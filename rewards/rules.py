@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import re
 import threading
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agentic_grpo.trajectory import Trajectory
 
 _NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
+# A number as a final answer may carry a `$`, thousands commas, a `%`, up to three unit words and a
+# trailing period ("$1,234.", "386064 pens", "12 square meters"); nothing else, and no operator.
+_PLAIN_NUMBER = re.compile(
+    r"^\$?\s*(?P<number>[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)\s*%?"
+    r"(?:\s+[A-Za-z]+(?:[- ][A-Za-z]+){0,2})?\s*[.!]?$"
+)
+# Binary arithmetic written out: `504 * 766`, `1 - 1/2`, `\frac{1}{2}`, `3 \times 4`, `2^{10}`.
+_OPERATOR = re.compile(r"(?<=[\w)}\].])\s*(?:[-+*/×÷·^]|\\times|\\cdot|\\div)\s*(?=[\w({\[\\.])|\\d?frac|\\sqrt|\*\*")
 
 
 def normalize_answer(text: str) -> str:
@@ -29,11 +38,42 @@ def normalize_answer(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
+def plain_number(text: str) -> Decimal | None:
+    """The number a final answer states, when the answer is a number and nothing more, else None.
+
+    "386,064", "$386064.", "386064 pens" and "The answer is 386064" state 386064;
+    "504 * 766", "386064 or 386065", "about 386064" and a number buried in prose state none.
+    """
+    text = str(text).strip().strip("*`'\" ")
+    text = re.sub(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*", "", text, flags=re.IGNORECASE)
+    boxed = re.fullmatch(r"\$*\s*\\boxed\{(.*)\}\s*\$*", text)
+    text = (boxed.group(1) if boxed else text).strip().strip("$").strip()
+    found = _PLAIN_NUMBER.match(text)
+    if not found:
+        return None
+    try:
+        return Decimal(found["number"].replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def arithmetic_operators(text: str) -> int:
+    """How many arithmetic operations `text` writes out (`1/2` has one, `504 * 766 + 1` two, `-5` none)."""
+    return len(_OPERATOR.findall(str(text)))
+
+
 class Correctness:
     """1.0 when the final answer matches the reference answer, else 0.0.
 
+    A numeric reference (`386064`, `0.5`) is matched only by a final answer that is that
+    number: commas, `$`, a unit word or a trailing period are fine, arithmetic is not
+    (`504 * 766` restates the question; it does not answer it). Other references
+    (`\\frac{1}{2}`, `x^2 + 1`) match on normalized text, then through math-verify, and
+    only when the answer writes out no more arithmetic than the reference does.
+
     Args:
-        math_verify: also accept answers that `math-verify` proves equal (e.g. `1/2` and `0.5`).
+        math_verify: let `math-verify` prove a symbolic answer equal to a symbolic reference
+            (e.g. `0.5` or `2/4` for `\\frac{1}{2}`). Numeric references never go through it.
     """
 
     __name__ = "correctness"
@@ -48,10 +88,14 @@ class Correctness:
     def matches(self, predicted: str | None, gold: Any) -> bool:
         if predicted is None or gold is None:
             return False
+        gold_number = plain_number(str(gold))
+        if gold_number is not None:
+            stated = plain_number(predicted)
+            return stated is not None and stated == gold_number
         if normalize_answer(predicted) == normalize_answer(str(gold)):
             return True
-        if not self.math_verify:
-            return False
+        if not self.math_verify or arithmetic_operators(predicted) > arithmetic_operators(str(gold)):
+            return False  # math-verify would evaluate the model's arithmetic: `1 - 1/2` is not an answer
         from math_verify import parse, verify
 
         # math-verify's own timeout uses SIGALRM, which only the main thread may set.

@@ -81,6 +81,7 @@ def test_scores_are_parsed_and_normalised_and_unparsable_answers_are_none(proxy)
 def test_metrics_are_logged_each_call(proxy):
     _, metrics = run(judge_for(proxy), reward_inputs(["Q-a"]))
     expected = {"calls", "failures", "retries", "parse_failures", "cache_hits", "latency_s", "scored_fraction"}
+    expected.add("structured_calls")
     assert set(metrics) == {f"judge/{name}" for name in expected}
     assert metrics["judge/latency_s"] > 0 and metrics["judge/scored_fraction"] == 1.0
 
@@ -112,7 +113,8 @@ def test_429_waits_as_long_as_retry_after_asks(proxy):
 
 def test_client_errors_are_not_retried(proxy):
     proxy.script("Q-bad-request", [("status", 400), ("reply", '{"score": 4}')])
-    scores, metrics = run(judge_for(proxy), reward_inputs(["Q-bad-request"]))
+    # Plain requests: a 400 to a structured request makes the judge try the next shape instead (test_judge_structured)
+    scores, metrics = run(judge_for(proxy, structured_output="off"), reward_inputs(["Q-bad-request"]))
     assert scores == [None] and proxy.attempts["Q-bad-request"] == 1
     assert metrics["judge/failures"] == 1 and metrics["judge/retries"] == 0
 

@@ -109,3 +109,13 @@ def test_a_server_that_dies_is_reported_with_its_signal_and_log(tmp_path):
     with pytest.raises(pytest.fail.Exception, match=r"(?s)died during this test: killed by signal SIGILL.*"
                        r"GGML_NATIVE=OFF.*server ready"):  # fmt: skip
         server.check_alive("during this test")
+
+
+def test_real_server_constrained_to_the_score_schema_scores_every_trajectory(llama_server):
+    """SmolLM2-135M in free text almost never writes a parsable score; held to the JSON schema, it always does."""
+    judge = LLMJudge(endpoint=llama_server, model="judge", max_tokens=24, timeout_s=60, max_concurrency=1)
+    inputs = reward_inputs(["What is 6 * 7?", "What is 7 * 6?"], answers=["42", "42"])
+    scores, metrics = run(judge, inputs)
+    assert metrics["judge/structured_calls"] == 2 and metrics["judge/parse_failures"] == 0
+    assert all(s is not None and 0.0 <= s <= 1.0 for s in scores)
+    assert all(t.notes["judge_reply"].lstrip().startswith("{") for t in inputs["trajectory"])

@@ -59,7 +59,7 @@ def test_unknown_tool_bad_arguments_and_exceptions_become_observations(tokenizer
         "raises": ['Action: explode\nAction Input: {"message": "kaboom"}\nObservation:', "Final Answer: 3<|im_end|>"],
         "calcerr": [
             'Action: calculator\nAction Input: {"expression": "__import__(1)"}\nObservation:',
-            "Final Answer: 4",
+            "Final Answer: 4<|im_end|>",
         ],
     }
     trajectories, _, _ = run(tokenizer, scripts, list(scripts))

@@ -23,7 +23,8 @@ def trajectory(answer=None, turns=2, malformed=0, calls=(), model_tokens=10):
 @pytest.mark.parametrize(
     ("predicted", "gold"),
     [("56088", "56088"), ("56,088", "56088"), ("$56088$", "56088"), ("The answer is 56088.", "56088"),
-     ("56088.0", "56088"), ("1/2", "0.5"), ("\\frac{1}{2}", "0.5")],
+     ("56088.0", "56088"), ("56088 pens", "56088"), ("$56,088.", "56088"), ("\\boxed{56088}", "56088"),
+     ("1/2", "\\frac{1}{2}"), ("0.5", "\\frac{1}{2}"), ("\\frac{1}{2}", "1/2")],
 )  # fmt: skip
 def test_correct_answers_match(predicted, gold):
     reward = Correctness()
@@ -35,8 +36,19 @@ def test_wrong_or_missing_answers_do_not(predicted, gold):
     assert Correctness()(None, None, trajectory=[trajectory(predicted)], answer=[gold]) == [0.0]
 
 
+@pytest.mark.parametrize(
+    ("predicted", "gold"),
+    [("504 * 766", "386064"), ("504*766", "386064"), ("504 x 766 = 386064", "386064"), ("386064 or 12", "386064"),
+     ("386064 386064", "386064"), ("about 386064", "386064"), ("386064 " + "very " * 50 + "sure", "386064"),
+     ("1/2", "0.5"), ("1 - 1/2", "\\frac{1}{2}"), ("\\frac{2}{2} - \\frac{1}{2}", "1/2")],
+)  # fmt: skip
+def test_restating_the_question_is_not_an_answer(predicted, gold):
+    """A numeric reference is matched by a number, never by arithmetic that evaluates to it (the echo hole)."""
+    assert Correctness()(None, None, trajectory=[trajectory(predicted)], answer=[gold]) == [0.0]
+
+
 def test_exact_match_only_without_math_verify():
-    assert Correctness(math_verify=False)(None, None, trajectory=[trajectory("1/2")], answer=["0.5"]) == [0.0]
+    assert Correctness(math_verify=False)(None, None, trajectory=[trajectory("1/2")], answer=["\\frac{1}{2}"]) == [0.0]
     assert normalize_answer(" Final Answer: 1,234. ") == "1234"
 
 

@@ -1,0 +1,307 @@
+"""Run every probe of every audited row through the real rollout, score it with the recipe's rewards, judge it.
+
+The verdict: a gaming probe fails the audit when the recipe's total reward (weighted sum,
+a None filled as the None-neutral rule fills it: with the honest trajectory's value) pays
+it at least as much as the honest trajectory of the same row. An LLM judge is also shown a
+reply its server mangled (cut, then an HTML error page): it must give None, not a score.
+"""
+
+from __future__ import annotations
+
+import copy
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from agentic_grpo.audit.probes import JUDGE_REPLY_PROBE, Probe, ProbeWriter, build_probes
+from agentic_grpo.backends import Generation, cut_generation
+
+MANGLED_TAIL = "<html><head><title>502 Bad Gateway</title></head><body>upstream error 502</body></html>"
+
+
+@dataclass
+class AuditReport:
+    """Payouts per probe and reward (mean over rows), failures, skipped rewards, and the verdict."""
+
+    recipe: str
+    rows: int
+    tokenizer: str
+    rewards: dict[str, float]
+    payouts: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+class ProbeBackend:
+    """Plays one probe's turns as a model would write them: cut at a stop string, EOS after each turn."""
+
+    def __init__(self, tokenizer: Any, turns: list[str]) -> None:
+        self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
+
+    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Generation]:
+        text = self.turns[self.calls] if self.calls < len(self.turns) else ""
+        self.calls += 1
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        eos = [self.tokenizer.eos_token_id]
+        return [cut_generation(ids[:max_new_tokens], eos, stop, self.tokenizer) for _ in batch]
+
+
+class MangledReplies:
+    """A judge backend whose server mangles every reply: cut after a few characters, then an HTML error page."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def describe(self) -> str:
+        return "mangled:" + self.inner.describe()
+
+    async def complete_many(self, prompts: list[str], schemas: list[dict] | None = None) -> list[Any]:
+        replies = await self.inner.complete_many(prompts, schemas)
+        for reply in replies:
+            if reply.text is not None:
+                reply.text = reply.text[:6] + MANGLED_TAIL
+        return replies
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """None when `GET {endpoint}/models` answers within 3 s, else why not."""
+    try:
+        with urllib.request.urlopen(f"{endpoint.rstrip('/')}/models", timeout=3):
+            return None
+    except urllib.error.HTTPError as error:
+        return None if error.code < 500 else f"HTTP {error.code}"
+    except (OSError, ValueError) as error:
+        return str(getattr(error, "reason", error))
+
+
+def prepare_reward_specs(
+    specs: list[dict], judge_endpoint: str | None, judge_model: str | None
+) -> tuple[list[dict], dict[str, str]]:
+    """The reward entries to audit (judge endpoints overridden when asked) and those skipped, with why."""
+    kept, skipped = [], {}
+    for spec in copy.deepcopy(specs):
+        if "endpoint" in spec:
+            if judge_endpoint:
+                spec["endpoint"] = judge_endpoint
+                if judge_model:
+                    spec["model"] = judge_model
+            problem = endpoint_problem(str(spec["endpoint"]))
+            if problem is not None:
+                name = spec.get("name") or spec["type"]
+                skipped[name] = (
+                    f"judge endpoint {spec['endpoint']} does not answer ({problem}); start the server or pass "
+                    "--judge-endpoint URL (and --judge-model NAME) to audit it"
+                )
+                continue
+        kept.append(spec)
+    return kept, skipped
+
+
+def audit_recipe(
+    recipe: str,
+    data: str | None = None,
+    limit: int = 3,
+    judge_endpoint: str | None = None,
+    judge_model: str | None = None,
+    tokenizer_path: str | None = None,
+    progress: bool = True,
+) -> AuditReport:
+    """Audit the recipe's rewards on `limit` rows of its data (or of `data`); raises ValueError on bad input."""
+    from agentic_grpo.config import read_recipe
+    from agentic_grpo.evaluate import score_trajectories
+    from agentic_grpo.reward_setup import build_rewards
+    from agentic_grpo.run_parts import build_rollout_parts
+
+    # No training happens: GPU-only settings (bf16 on a CPU machine, W&B) must not stop an audit.
+    overrides = [
+        "--output_dir",
+        "/tmp/agentic-grpo-audit",
+        "--bf16",
+        "false",
+        "--fp16",
+        "false",
+        "--report_to",
+        "none",
+    ]
+    recipe_args, config, model_config = read_recipe(["--config", recipe, *overrides])
+    rows = audit_rows(recipe_args.dataset, data, limit)
+    tokenizer, tokenizer_note = load_audit_tokenizer(tokenizer_path or model_config.model_name_or_path)
+    parts = build_rollout_parts(config)
+    environment, trajectory_format = parts.environment, parts.trajectory_format
+    writer = ProbeWriter(config.format, trajectory_format)
+    specs, skipped = prepare_reward_specs(list(recipe_args.rewards or []), judge_endpoint, judge_model)
+    if not specs:
+        raise ValueError(f"recipe `{recipe}`: no reward left to audit ({skipped})")
+    rewards, weights = build_rewards(specs)
+    names = [r.__name__ for r in rewards]
+    report = AuditReport(recipe, len(rows), tokenizer_note, dict(zip(names, weights, strict=True)), skipped=skipped)
+    judges = [r for r in rewards if hasattr(getattr(r, "backend", None), "complete_many")]
+
+    pool = parts.sandbox_pool(rank=0)
+    manager = parts.rollout_manager(tokenizer, pool)
+    sums: dict[str, dict[str, list[float | None]]] = {}
+    try:
+        for row in tqdm(rows, desc="audit", disable=not progress):
+            question, gold = str(row["question"]), str(row.get("answer", ""))
+            probes = build_probes(writer, environment.tool_schemas(), question, gold)
+            fit_honest_to_budget(report, probes[0], writer, gold, tokenizer, config.max_tokens_per_turn)
+            trajectories = [play(manager, trajectory_format, probe, row) for probe in probes]
+            scores = score_trajectories(rewards, trajectories, [row] * len(probes))
+            for position, probe in enumerate(probes):
+                payout = {name: scores[name][position] for name in names}
+                sums.setdefault(probe.name, {n: [] for n in names})
+                for name in names:
+                    sums[probe.name][name].append(payout[name])
+                report.examples.setdefault(probe.name, trajectories[position].completion_text[:400])
+            check_row(report, probes, scores, names, weights, question)
+            for judge in judges:
+                check_mangled_reply(report, judge, trajectories[0], row, sums)
+    finally:
+        manager.close()
+        if pool is not None:
+            pool.close()
+    for probe_name, per_reward in sums.items():
+        report.payouts[probe_name] = {name: mean_or_none(values) for name, values in per_reward.items()}
+    report.totals = {
+        p: total(report.payouts[p], report.payouts["honest"], weights, names)
+        for p in report.payouts
+        if p != JUDGE_REPLY_PROBE
+    }
+    return report
+
+
+def fit_honest_to_budget(
+    report: AuditReport, honest: Probe, writer: ProbeWriter, gold: str, tokenizer: Any, budget: int
+) -> None:
+    """An honest tool call longer than `max_tokens_per_turn` would be cut (and earn nothing): answer directly then."""
+    longest = max(len(tokenizer(turn, add_special_tokens=False)["input_ids"]) + 1 for turn in honest.turns)
+    if longest > budget and len(honest.turns) > 1:
+        honest.turns = [writer.answer(gold)]
+        note = (
+            f"the honest tool call does not fit max_tokens_per_turn={budget} with this tokenizer: the honest "
+            "trajectory answers without the tool"
+        )
+        if note not in report.notes:
+            report.notes.append(note)
+
+
+def play(manager: Any, trajectory_format: Any, probe: Probe, row: dict[str, Any]) -> Any:
+    """The probe's trajectory through the real rollout (a response prefix in the recipe is part of the prompt)."""
+    turns = list(probe.turns)
+    prefix = getattr(trajectory_format, "response_prefix", "").strip()
+    if prefix and turns and turns[0].startswith(prefix):
+        turns[0] = turns[0][len(prefix) :]
+    prompt = trajectory_format.prompt_messages(str(row["question"]))
+    [trajectory], _ = manager.rollout([prompt], [row], ProbeBackend(manager.tokenizer, turns))
+    return trajectory
+
+
+def check_row(
+    report: AuditReport, probes: list[Probe], scores: dict, names: list[str], weights: list[float], question: str
+) -> None:
+    honest = {name: scores[name][0] for name in names}
+    honest_total = total(honest, honest, weights, names)
+    if honest_total <= 0:
+        report.failures.append(
+            f"the honest trajectory earns {honest_total:.3g} on {question[:60]!r}: the rewards cannot tell it from "
+            "a gaming one (is the answer column right? does it fit max_tokens_per_turn?)"
+        )
+    for position, probe in enumerate(probes):
+        if not probe.gaming:
+            continue
+        paid = total({name: scores[name][position] for name in names}, honest, weights, names)
+        if paid >= honest_total:
+            report.failures.append(
+                f"probe `{probe.name}` ({probe.description}) is paid {paid:.3g}, as much as the honest "
+                f"trajectory ({honest_total:.3g}), on {question[:60]!r}"
+            )
+
+
+def check_mangled_reply(report: AuditReport, judge: Any, honest: Any, row: dict, sums: dict) -> None:
+    """The judge, its server's reply mangled, on the honest trajectory: a score here would be invented."""
+    from agentic_grpo.evaluate import score_trajectories
+
+    saved, saved_cache = judge.backend, getattr(judge, "cache_size", 0)
+    judge.backend, judge.cache_size = MangledReplies(saved), 0
+    try:
+        [value] = score_trajectories([judge], [honest], [row])[judge.__name__]
+    finally:
+        judge.backend, judge.cache_size = saved, saved_cache
+    sums.setdefault(JUDGE_REPLY_PROBE, {}).setdefault(judge.__name__, []).append(value)
+    if value is not None:
+        report.failures.append(
+            f"reward `{judge.__name__}` read a score ({value:.3g}) out of a reply its server mangled (a cut reply "
+            "followed by an HTML error page): it should give None"
+        )
+
+
+def total(payout: dict, honest: dict, weights: list[float], names: list[str]) -> float:
+    """Weighted sum; a None counts as the honest trajectory's value (the None-neutral rule in a group of two)."""
+    result = 0.0
+    for name, weight in zip(names, weights, strict=True):
+        value = payout.get(name, honest.get(name))
+        value = honest.get(name) if value is None else value
+        result += weight * (value or 0.0)
+    return result
+
+
+def mean_or_none(values: list[float | None]) -> float | None:
+    given = [v for v in values if v is not None]
+    return sum(given) / len(given) if given else None
+
+
+def audit_rows(dataset: Any, data: str | None, limit: int) -> list[dict[str, Any]]:
+    """The first `limit` training rows of the recipe's data, or of `--data` (JSONL or reasoning_gym:NAME)."""
+    if limit < 1:
+        raise ValueError("--limit must be at least 1")
+    if data and data.startswith("reasoning_gym:"):
+        from agentic_grpo.reasoning_gym_tasks import held_out_rows
+
+        rows = held_out_rows(data, limit)
+    elif data:
+        from datasets import load_dataset
+
+        try:
+            rows = list(load_dataset("json", data_files=data, split="train"))
+        except Exception as exc:  # noqa: BLE001 - one message naming the file beats a datasets traceback
+            raise ValueError(f"--data `{data}` cannot be read as JSONL: {exc}") from exc
+    else:
+        from agentic_grpo.data import load_task_data
+
+        try:
+            train, _ = load_task_data(dataset)
+        except ValueError as exc:
+            raise ValueError(f"{exc}. Pass --data rows.jsonl (with `question` and `answer`) to audit on them") from exc
+        rows = list(train.select(range(min(limit, len(train)))))
+    rows = [dict(r) for r in rows[:limit]]
+    if not rows or "question" not in rows[0]:
+        raise ValueError("the audited rows need a `question` column (and `answer` for answer-checking rewards)")
+    return rows
+
+
+def load_audit_tokenizer(name: str | None) -> tuple[Any, str]:
+    """The recipe model's tokenizer (no weights); a stand-in BPE tokenizer with a ChatML template when it
+    cannot be had on this machine (rule rewards read text, so the verdict does not depend on it)."""
+    from transformers import AutoTokenizer
+
+    from agentic_grpo.models import TINY_ALIAS, build_tiny_model, cache_dir, resolve_model
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(name or ""))
+        note = str(name)
+    except (OSError, ValueError) as exc:
+        tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(cache_dir() / TINY_ALIAS))
+        note = f"stand-in ({TINY_ALIAS}): the tokenizer of `{name}` is not available here ({str(exc)[:80]})"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, note

@@ -1,0 +1,30 @@
+"""The learning benchmark scores strictly, and its command runs end to end (a one-step smoke run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agentic_grpo.benchmarks.learning import strictly_correct
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "correct"),
+    [("386,064", "386064", True), ("386064 pens.", "386064", True), ("504 * 766", "386064", False),
+     ("77", "77750", False), (None, "1", False), ("Paris", "paris", True)],
+)  # fmt: skip
+def test_strict_scoring_takes_only_the_number_itself(answer, gold, correct):
+    assert strictly_correct(answer, gold) is correct
+
+
+def test_one_step_smoke_run_reports_accuracy_minutes_and_memory(tmp_path):
+    command = [sys.executable, "-m", "agentic_grpo.cli", "bench", "learning", "--recipe", "ci_tiny", "--seeds", "0",
+               "--max-steps", "1", "--questions", "2", "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["scoring"].startswith("strict") and [r["seed"] for r in report["runs"]] == [0]
+    assert report["train_peak_memory_mb"] > 0 and report["runs"][0]["train_minutes"] >= 0
