@@ -139,7 +139,7 @@ def test_shipped_recipe_by_name_evaluates_with_the_built_in_calculator(installed
 
 def test_bench_knows_the_shipped_benchmarks(installed):
     unknown = run(installed, "agentic-grpo", "bench", "nope")
-    assert unknown.returncode == 2 and "known: judge, learning, sandbox" in unknown.stderr
+    assert unknown.returncode == 2 and "known: credit, judge, learning, sandbox" in unknown.stderr
     shown = run(installed, "agentic-grpo", "bench", "sandbox", "--help")
     assert shown.returncode == 0 and "usage:" in shown.stdout
 

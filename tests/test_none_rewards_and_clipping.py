@@ -88,10 +88,18 @@ TRUNCATION_SCRIPTS = {
 }
 
 
+SEEN: list = []  # the trajectories TRL handed the rewards, in the batch's order
+
+
+def recording(prompts, completions, trajectory, **_):
+    SEEN[:] = trajectory
+    return [0.0] * len(trajectory)
+
+
 def test_clipped_ratio_counts_only_trajectories_a_budget_cut(tiny_model_dir, tmp_path):
-    trainer, rows = make_trainer(tiny_model_dir, tmp_path, TRUNCATION_SCRIPTS, [correctness], [1.0])
+    trainer, rows = make_trainer(tiny_model_dir, tmp_path, TRUNCATION_SCRIPTS, [correctness, recording], [1.0, 0.0])
     trainer._generate_and_score_completions(rows)
-    assert [t.finish_reason for t in trainer._trajectories] == ["final_answer", "final_answer", "max_turns", "length"]
+    assert [t.finish_reason for t in SEEN] == ["final_answer", "final_answer", "max_turns", "length"]
     assert trainer._metrics["train"]["completions/clipped_ratio"][-1] == 0.25  # TRL's last-token test says 0.75
 
 
