@@ -133,12 +133,16 @@ def test_unavailable_says_what_to_install(monkeypatch):
         SandboxPool(SandboxConfig(mode="landlock"))
 
 
-def test_probe_reports_what_protections_rest_on():
+def test_probe_reports_what_protections_rest_on(pool):
     report = probe(SandboxConfig())
     assert report.layer in ("bwrap", "landlock")
-    for key in ("filesystem", "network", "processes", "timeout"):
+    for key in ("filesystem", "network", "kernel", "timeout"):
         assert report.protections[key]
     assert report.layer in report.format()
+    # The pool adds what bounds its slots' resources, and says NOT bounded where nothing does.
+    for key in ("memory", "processes", "cpu", "disk"):
+        assert pool.report.bounds[key]
+    assert pool.report.cgroup and "resource bounds per slot" in pool.report.format()
 
 
 def test_bad_mode_rejected():

@@ -73,30 +73,26 @@ def test_checks_detect_harm_without_isolation():
 # agentic_grpo/__init__.py (which needs the venv's transformers).
 _NONROOT_SCRIPT = textwrap.dedent(
     """
-    import ctypes, json, struct, sys, types
+    import json, sys, types
     pkg = types.ModuleType("agentic_grpo")
     pkg.__path__ = [sys.argv[1] + "/agentic_grpo"]
     sys.modules["agentic_grpo"] = pkg
     from agentic_grpo.sandbox import SandboxConfig, SandboxPool, probe
-    from agentic_grpo.sandbox import landlock
+    from agentic_grpo.sandbox import seccomp
     from agentic_grpo.sandbox.attacks import run_all
 
     if sys.argv[2] == "no-userns":
         # Deny user namespaces the way container runtimes do: clone/unshare with CLONE_NEWUSER, and clone3.
         ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
         arch, nr_clone, nr_unshare, nr_clone3 = {"x86_64": (0xC000003E, 56, 272, 435),
-                                                 "aarch64": (0xC00000B7, 220, 97, 435)}[landlock.machine()]
+                                                 "aarch64": (0xC00000B7, 220, 97, 435)}[seccomp.machine()]
         prog = [(ld, 4, 0, 0), (jeq, arch, 0, "allow"), (ld, 0, 0, 0), (jeq, nr_clone3, "enosys", 0),
                 (jeq, nr_clone, "flags", 0), (jeq, nr_unshare, "flags", "allow"),
                 ("label", "flags"), (ld, 16, 0, 0), (jset, 0x10000000, "eperm", "allow"),
                 ("label", "enosys"), (ret, 0x00050000 | 38, 0, 0),
                 ("label", "eperm"), (ret, 0x00050000 | 1, 0, 0),
                 ("label", "allow"), (ret, 0x7FFF0000, 0, 0)]
-        code = landlock._assemble(prog)
-        filt = ctypes.create_string_buffer(code, len(code))
-        fprog = ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(code) // 8, ctypes.addressof(filt)), 16)
-        assert landlock._LIBC.prctl(38, 1, 0, 0, 0) == 0
-        assert landlock._LIBC.prctl(22, 2, ctypes.addressof(fprog), 0, 0) == 0
+        seccomp.install(seccomp.assemble(prog))
         modes = ["auto"]
     else:
         modes = sys.argv[2:]

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .attack_support import AttackResult, Context, run_code, still_growing, uid_processes
+from .attacks_kernel import KERNEL_ATTACKS
+from .attacks_resources import RESOURCE_ATTACKS
 from .pool import SandboxPool
 from .slot import SandboxSlot
 
@@ -312,6 +314,8 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         background_leftover,
         output_flood,
         kill_parent,
+        *KERNEL_ATTACKS,
+        *RESOURCE_ATTACKS,
     )
 }
 
