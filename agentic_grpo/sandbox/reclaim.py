@@ -44,8 +44,8 @@ def ipc_objects(uid: int) -> dict[str, list[int]]:
         except OSError:
             continue
         col = {name: i for i, name in enumerate(header)}
-        ids = [int(r[col["shmid" if kind == "shm" else kind + "id"]]) for r in rows if
-               str(uid) in (r[col["uid"]], r[col["cuid"]])]  # fmt: skip
+        # The id is the second column (shmid, msqid, semid); owner and creator are named.
+        ids = [int(r[1]) for r in rows if str(uid) in (r[col["uid"]], r[col["cuid"]])]
         if ids:
             found[kind] = ids
     return found
