@@ -145,6 +145,33 @@ def test_probe_reports_what_protections_rest_on(pool):
     assert pool.report.cgroup and "resource bounds per slot" in pool.report.format()
 
 
+def test_probe_result_is_cached_on_disk_per_host_state(monkeypatch):
+    fresh = probe(SandboxConfig(), refresh=True)
+    assert not fresh.cached and fresh.layer
+    monkeypatch.setattr(probe_mod, "_CACHE", {})  # as a new process would start
+    again = probe(SandboxConfig())
+    assert again.cached and again.layer == fresh.layer and again.layers == fresh.layers
+    # Another input of the answer (here the read-only paths) is another key: probed for real.
+    other = probe(SandboxConfig(extra_ro_paths=["/usr/share/doc"]))
+    assert not other.cached and other.layer == fresh.layer
+    # A cache file others could have written is ignored.
+    cache = probe_mod.private_dir() / "probe-cache.json"
+    cache.chmod(0o666)
+    try:
+        monkeypatch.setattr(probe_mod, "_CACHE", {})
+        assert not probe(SandboxConfig()).cached
+    finally:
+        cache.chmod(0o600)
+
+
+def test_landlock_features_are_reported():
+    report = probe(SandboxConfig(mode="landlock"))
+    if report.landlock_abi < 1:
+        pytest.skip("no Landlock here")
+    assert report.landlock_features["filesystem"]
+    assert f"landlock ABI {report.landlock_abi}" in report.format()
+
+
 def test_bad_mode_rejected():
     with pytest.raises(ValueError):
         SandboxConfig(mode="docker")
@@ -157,6 +184,7 @@ def test_cli_exec_prints_json(capsys):
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stdout"] == "hel" and out["truncated"] and out["exit_code"] == 0 and not out["timed_out"]
+    assert out["layer"] in ("bwrap", "landlock") and "downgraded" in out
 
 
 def test_python_interpreter_tool_runs_in_a_slot(pool):
