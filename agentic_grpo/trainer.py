@@ -54,7 +54,10 @@ def make_sandbox_pool(config: AgenticGRPOConfig, rank: int) -> Any:
     """The sandbox slot pool for code-running tools, as the recipe configures it (one per process)."""
     from agentic_grpo.sandbox import SandboxConfig, SandboxPool
 
-    sandbox = SandboxConfig(mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb)
+    sandbox = SandboxConfig(
+        mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb,
+        workspace_mb=config.sandbox_workspace_mb,
+    )  # fmt: skip
     return SandboxPool(sandbox, rank=rank)
 
 
@@ -186,6 +189,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
         metrics["tokens/trainable_ratio"].append(trainable / tokens if tokens else 0.0)
         metrics["time/generation"].append(gen_s / procs)
         metrics["time/tools"].append(tool_s / procs)
+        if self.sandbox_pool is not None:  # sandbox/downgraded, sandbox/cgroup: a silent fallback shows in the logs
+            for name, value in self.sandbox_pool.metrics().items():
+                metrics[name].append(value)
 
     def _save_trajectories(self, advantages: torch.Tensor | None) -> None:
         every = self.args.save_trajectories_steps
