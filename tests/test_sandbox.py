@@ -194,3 +194,19 @@ def test_python_interpreter_tool_runs_in_a_slot(pool):
         tool = PythonInterpreter()
         tool.sandbox, tool.workspace, tool.tool_timeout = slot, slot.workspace, 5
         assert tool.python("import os; print(os.getcwd())").output == str(slot.workspace)
+
+
+def test_cli_file_fast_path_skips_the_package_init():
+    """`python .../sandbox/cli.py sandbox exec` runs without importing agentic_grpo/__init__ (transformers)."""
+    import subprocess
+    import sys
+
+    cli = os.path.join(os.path.dirname(probe_mod.__file__), "cli.py")
+    code = (
+        "import runpy, sys; sys.argv = [sys.argv[1], 'sandbox', 'exec', '--', 'echo', 'fast'];"
+        "\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
+        "    print('TRANSFORMERS' if 'transformers' in sys.modules else 'LIGHT', e.code, file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-I", "-c", code, cli], capture_output=True, text=True, timeout=120)
+    assert json.loads(proc.stdout)["stdout"] == "fast\n"
+    assert proc.stderr.strip().endswith("LIGHT 0"), proc.stderr[-2000:]

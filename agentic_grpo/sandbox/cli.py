@@ -11,7 +11,21 @@ import argparse
 import json
 import sys
 
-from .config import MODES, SandboxConfig, SandboxUnavailable
+if __name__ == "__main__" and not __package__:
+    # Run as a file (the fast path for scripts): load this package without agentic_grpo/__init__.py,
+    # which imports transformers (~0.7 s) for the tool contracts the sandbox never uses.
+    import os
+    import types
+
+    _top = types.ModuleType("agentic_grpo")
+    _top.__path__ = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    sys.modules.setdefault("agentic_grpo", _top)
+    sys.path.pop(0)  # this directory: its modules must load as agentic_grpo.sandbox.*, not top-level
+    from agentic_grpo.sandbox.cli import main as _main
+
+    raise SystemExit(_main())
+
+from .config import MODES, SandboxConfig, SandboxUnavailable  # noqa: E402
 
 
 def _config(args: argparse.Namespace) -> SandboxConfig:
@@ -113,7 +127,7 @@ def add_sandbox_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m agentic_grpo.sandbox.cli check|exec ...`, for use before the console script is wired."""
+    """`python -m agentic_grpo.sandbox.cli sandbox check|exec ...`, or `python .../sandbox/cli.py sandbox exec ...`."""
     parser = argparse.ArgumentParser(prog="agentic-grpo")
     add_sandbox_parser(parser.add_subparsers())
     args = parser.parse_args(argv)
