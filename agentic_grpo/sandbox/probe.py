@@ -72,7 +72,7 @@ class ProbeReport:
     def format(self) -> str:
         lines = [f"sandbox layer: {self.layer or 'NONE'} (mode={self.mode}, euid={self.euid})"]
         lines += [f"  probe {name}: {status}" for name, status in self.layers.items()]
-        if self.landlock_abi:
+        if self.landlock_features:
             enforced = [name for name, on in self.landlock_features.items() if on]
             missing = [name for name, on in self.landlock_features.items() if not on]
             lines.append(f"  landlock ABI {self.landlock_abi}: enforces {', '.join(enforced)}"
