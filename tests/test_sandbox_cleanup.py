@@ -18,6 +18,7 @@ from agentic_grpo.sandbox.attacks_resources import DEEP_TREE_CODE
 from agentic_grpo.sandbox.reclaim import ipc_objects
 from agentic_grpo.sandbox.workspace import remove_tree
 
+ROOT_DIR = Path(__file__).resolve().parents[1]
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chattr, mounts, slot uids)")
 
 
@@ -164,3 +165,23 @@ def test_memfd_is_refused_without_a_memory_cgroup_and_allowed_with_one():
             assert "MEMFD" in slot.run_python(code).stdout  # charged to the slot's group instead
     finally:
         with_group.close()
+
+
+@ROOT_ONLY
+def test_a_killed_trainers_mounts_groups_and_workspaces_are_reclaimed_by_the_next_pool():
+    code = (
+        "import os, sys, time\nfrom agentic_grpo.sandbox import SandboxConfig, SandboxPool\n"
+        "pool = SandboxPool(SandboxConfig())\nslot = pool.acquire()\n"
+        "print(slot.workspace, *(slot.cgroup.dirs if slot.cgroup else []), flush=True)\ntime.sleep(600)\n"
+    )
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT_DIR)
+    try:
+        paths = [Path(p) for p in trainer.stdout.readline().split()]
+    finally:
+        trainer.kill()  # SIGKILL: no close(), no release()
+        trainer.wait()
+    workspace, groups = paths[0], paths[1:]
+    assert workspace.exists() and str(workspace) in Path("/proc/self/mounts").read_text()
+    SandboxPool(SandboxConfig()).close()  # the next trainer's pool cleans up after the dead one
+    assert not workspace.parent.exists() and str(workspace) not in Path("/proc/self/mounts").read_text()
+    assert not any(g.exists() or g.parent.exists() for g in groups)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ logger = logging.getLogger(__name__)
 CONTROLLERS = ("memory", "pids", "cpu")
 _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 _PERIOD_US = 100_000
-_WEIGHT_V2, _SHARES_V1 = 50, 512  # half the default: the trainer's own threads win a contended core
 
 
 @dataclass
@@ -190,6 +190,21 @@ class CgroupSet:
             os.rmdir(parent)
         return cls(None, {}, "; ".join(reasons))
 
+    def remove_stale(self, prefix: str = "agentic-grpo-") -> None:
+        """Remove the groups of pools whose trainer died without closing them (named prefix + pid + '-r...')."""
+        pattern = re.compile(re.escape(prefix) + r"(\d+)-r\d+$")
+        for parent in self.parents.values():
+            for entry in parent.parent.iterdir():
+                match = pattern.match(entry.name)
+                if not match or not entry.is_dir() or os.path.exists(f"/proc/{match.group(1)}"):
+                    continue
+                for child in [d for d in entry.iterdir() if d.is_dir()]:
+                    SlotCgroup([child], []).remove()
+                try:
+                    os.rmdir(entry)
+                except OSError as exc:
+                    logger.warning("sandbox: stale cgroup %s stays: %s", entry, exc)
+
     def create(self, name: str, limits: CgroupLimits) -> SlotCgroup:
         """A slot's group with its limits set; raises OSError (and removes what it made) on failure."""
         dirs = [parent / name for parent in self.parents.values()]
@@ -210,11 +225,11 @@ class CgroupSet:
         names = {f.name for f in directory.iterdir()}
         if self.version == 2:
             settings = [("memory.max", limits.memory_bytes), ("memory.swap.max", 0), ("pids.max", limits.pids),
-                        ("cpu.max", f"{quota} {_PERIOD_US}"), ("cpu.weight", _WEIGHT_V2)]  # fmt: skip
+                        ("cpu.max", f"{quota} {_PERIOD_US}")]  # fmt: skip
         else:
             settings = [("memory.limit_in_bytes", limits.memory_bytes),
                         ("memory.memsw.limit_in_bytes", limits.memory_bytes), ("pids.max", limits.pids),
-                        ("cpu.cfs_period_us", _PERIOD_US), ("cpu.cfs_quota_us", quota), ("cpu.shares", _SHARES_V1)]  # fmt: skip
+                        ("cpu.cfs_period_us", _PERIOD_US), ("cpu.cfs_quota_us", quota)]  # fmt: skip
         for file, value in settings:
             if file in names:  # memsw/swap files exist only with swap accounting
                 _write(directory / file, str(value))

@@ -20,7 +20,7 @@ from .config import SandboxConfig
 from .probe import ProbeReport, require
 from .protections import bounds
 from .slot import SandboxSlot, Spawner, UidLease
-from .workspace import make_workspace, remove_tree
+from .workspace import make_workspace, remove_stale_pools, remove_tree
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,10 @@ class SandboxPool:
         )
         parent = self.config.workspace_root or tempfile.gettempdir()
         os.makedirs(parent, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix=f"agentic-grpo-sandbox-r{rank}-", dir=parent))
+        # Named with the pid, so the next pool can tell (and clean) what a killed trainer left.
+        remove_stale_pools(Path(parent), "agentic-grpo-sandbox-")
+        self.cgroups.remove_stale()
+        self.root = Path(tempfile.mkdtemp(prefix=f"agentic-grpo-sandbox-{os.getpid()}-r{rank}-", dir=parent))
         self.root.chmod(0o711)  # slot uids may traverse to their own workspace, not list the others
         self._lock = threading.Lock()
         self._live: set[SandboxSlot] = set()

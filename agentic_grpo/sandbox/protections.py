@@ -77,7 +77,7 @@ def bounds(layer: str, config: SandboxConfig, root: bool, cgroup: list[str], quo
         if "pids" in cgroup
         else f"RLIMIT_NPROC {config.max_processes}"
         + (" on the trainer's uid (shared!)" if shared_uid and layer != "bwrap" else ""),  # fmt: skip
-        "cpu": f"cgroup cpu quota {config.cpu_cores:g} core(s) per slot, lower weight than the trainer"
+        "cpu": f"cgroup cpu quota {config.cpu_cores:g} core(s) per slot (however many processes)"
         if "cpu" in cgroup
         else "RLIMIT_CPU per process and nice 10 only: NOT bounded per slot",
         "disk": f"tmpfs workspace of {config.workspace_mb} MB and {config.workspace_inodes} inodes, "

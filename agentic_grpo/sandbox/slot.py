@@ -37,7 +37,7 @@ _KILL_GRACE_S = 2.0
 
 def private_dir() -> Path:
     """This uid's private directory for lock files and the probe cache (refused if anyone else could write it)."""
-    directory = Path(tempfile.gettempdir()) / f"agentic-grpo-sandbox-{os.geteuid()}"
+    directory = Path(tempfile.gettempdir()) / f"agentic-grpo-state-{os.geteuid()}"
     directory.mkdir(mode=0o700, exist_ok=True)
     info = os.lstat(directory)
     if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not os.path.isdir(directory):

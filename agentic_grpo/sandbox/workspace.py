@@ -13,6 +13,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -48,6 +49,40 @@ def make_workspace(root: Path, name: str, uid: int | None, *, size_mb: int = 0, 
         os.chown(workspace, uid, uid)
     workspace.chmod(0o700)
     return workspace, mounted
+
+
+def remove_stale_pools(parent: Path, prefix: str) -> None:
+    """Remove pool directories (named prefix + pid + '-r' + rank + '-...') of trainers that died without closing them.
+
+    Their workspace tmpfs mounts are detached first, so a killed trainer does not leak RAM or mounts.
+    """
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return
+    mounts = _mount_points()
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-r\d+-")
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if not match or os.path.exists(f"/proc/{match.group(1)}"):
+            continue
+        if entry.is_symlink() or not entry.is_dir() or entry.stat().st_uid != os.geteuid():
+            continue
+        try:
+            for mount in sorted((m for m in mounts if m.startswith(str(entry) + "/")), reverse=True):
+                unmount(Path(mount))
+            remove_tree(entry)
+        except OSError as exc:
+            logger.warning("sandbox: stale pool directory %s stays: %s", entry, exc)
+
+
+def _mount_points() -> list[str]:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            # The mount point is the 5th field, with spaces and the like octal-escaped.
+            return [line.split()[4].encode().decode("unicode_escape") for line in f]
+    except OSError:
+        return []
 
 
 def unmount(path: Path) -> None:
