@@ -183,6 +183,3 @@ def deep_tree_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:
     blocked = "BUILT" in result.stdout and not left and not crashed and not failed
     return AttackResult("deep_tree_cleanup", blocked, f"built={'BUILT' in result.stdout} release crashed={crashed!r} "
                         f"workspace left={left} logged failure={failed}")  # fmt: skip
-
-
-RESOURCE_ATTACKS = (memfd_memory, disk_quota, cpu_share, deep_tree_cleanup)

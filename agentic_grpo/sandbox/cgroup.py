@@ -157,10 +157,20 @@ class CgroupSet:
         if v2 is not None and "" in own:
             base = Path(v2 + own[""])
             try:
-                available = _read(base / "cgroup.controllers").split()
-                if not {"memory", "pids"} <= set(available):
-                    raise OSError(f"controllers {available or 'none'} (memory and pids are on v1 or not delegated)")
-                wanted = [c for c in CONTROLLERS if c in available]
+                # Children of `base` get the controllers `base` enables for its subtree; enabling them here
+                # works only where `base` holds no process (a delegated subtree) or is the root group.
+                enabled = _read(base / "cgroup.subtree_control").split()
+                offered = [c for c in CONTROLLERS if c in _read(base / "cgroup.controllers").split()]
+                if not {"memory", "pids"} <= set(enabled) and {"memory", "pids"} <= set(offered):
+                    try:
+                        _write(base / "cgroup.subtree_control", " ".join("+" + c for c in offered))
+                    except OSError as exc:
+                        raise OSError(f"cannot enable {offered} for children ({exc.strerror}): run the trainer "
+                                      "in a delegated cgroup (systemd Delegate=yes) from a leaf of its own") from exc  # fmt: skip
+                    enabled = _read(base / "cgroup.subtree_control").split()
+                if not {"memory", "pids"} <= set(enabled):
+                    raise OSError(f"controllers {offered or 'none'} offered (memory and pids on v1 or not delegated)")
+                wanted = [c for c in CONTROLLERS if c in enabled]
                 parent = base / tag
                 parent.mkdir()
                 try:
