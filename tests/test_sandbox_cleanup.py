@@ -126,6 +126,10 @@ def test_cgroup_and_workspace_quota_live_and_die_with_the_slot():
         assert values.get("memory.max", values.get("memory.limit_in_bytes")) == str(300 << 20)
         assert values["pids.max"] == "40"
         assert values.get("cpu.max", values.get("cpu.cfs_quota_us")).split()[0] == "50000"
+        # The pool's parent weighs one process per core: all slots together are not one process's share.
+        parent = pool.cgroups.parents.get("cpu", pool.cgroups.parents.get("unified"))
+        weight = (parent / "cpu.shares") if (parent / "cpu.shares").exists() else (parent / "cpu.weight")
+        assert int(weight.read_text()) in (1024 * os.cpu_count(), min(10000, 100 * os.cpu_count()))
         # The command runs inside the group, and the workspace is a 20 MB tmpfs.
         out = slot.run(["sh", "-c", "df -k . | tail -1"]).stdout.split()
         assert out[0] == "tmpfs" and int(out[1]) == 20 * 1024
