@@ -20,7 +20,7 @@ from .config import SandboxConfig
 from .probe import ProbeReport, require
 from .protections import bounds
 from .slot import SandboxSlot, Spawner, UidLease
-from .workspace import make_workspace, remove_stale_pools, remove_tree
+from .workspace import make_workspace, release_workspace, remove_stale_pools, remove_tree
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,21 @@ class SandboxPool:
             if self.config.use_cgroup
             else CgroupSet(None, {}, "use_cgroup is off")
         )
-        self.quota = root and self.config.workspace_mb > 0
+        parent = self.config.workspace_root or tempfile.gettempdir()
+        os.makedirs(parent, exist_ok=True)
+        self.quota, quota_problem = root and self.config.workspace_mb > 0, ""
+        if self.quota:
+            # Root without CAP_SYS_ADMIN (a container) cannot mount: say so instead of failing every acquire.
+            try:
+                trial, _ = make_workspace(Path(parent), "agentic-grpo-quota-check", None, size_mb=1, inodes=16)
+                release_workspace(trial, True)
+            except OSError as exc:
+                self.quota, quota_problem = False, f"cannot mount a tmpfs here: {exc.strerror or exc}"
         self.report: ProbeReport = dataclasses.replace(
             probed,
             warnings=list(probed.warnings),
             cgroup=self.cgroups.describe(),
-            bounds=bounds(self.layer, self.config, root, self.cgroups.bounded, self.quota),
+            bounds=bounds(self.layer, self.config, root, self.cgroups.bounded, self.quota, quota_problem),
         )
         if probed.downgraded:
             print(f"WARNING: sandbox: {probed.downgraded}", file=sys.stderr)
@@ -66,8 +75,6 @@ class SandboxPool:
         self.spawner = Spawner(
             self.layer, self.config, allow_memfd="memory" in self.cgroups.bounded, landlock_require=features
         )
-        parent = self.config.workspace_root or tempfile.gettempdir()
-        os.makedirs(parent, exist_ok=True)
         # Named with the pid, so the next pool can tell (and clean) what a killed trainer left.
         remove_stale_pools(Path(parent), "agentic-grpo-sandbox-")
         self.cgroups.remove_stale()

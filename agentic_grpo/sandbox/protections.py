@@ -61,8 +61,20 @@ def protections(layer: str, root: bool, abi: int) -> dict[str, str]:
     }
 
 
-def bounds(layer: str, config: SandboxConfig, root: bool, cgroup: list[str], quota: bool) -> dict[str, str]:
-    """{resource: what bounds it per slot, or NOT bounded and why}, given the cgroup controllers in force."""
+def bounds(
+    layer: str, config: SandboxConfig, root: bool, cgroup: list[str], quota: bool, quota_problem: str = ""
+) -> dict[str, str]:
+    """{resource: what bounds it per slot, or NOT bounded and why}, given the cgroup controllers in force.
+
+    quota_problem: why a workspace tmpfs could not be mounted although root asked for one.
+    """
+    why_no_quota = (
+        f" ({quota_problem})"
+        if quota_problem
+        else " (a tmpfs quota needs root)"
+        if not root and config.workspace_mb
+        else " (workspace_mb = 0)"
+    )
     shared_uid = not root
     memfd = "memfd pages are charged to the group" if "memory" in cgroup else "memfd_create refused by seccomp"
     if layer == "unsafe-local":
@@ -84,7 +96,7 @@ def bounds(layer: str, config: SandboxConfig, root: bool, cgroup: list[str], quo
         f"RLIMIT_FSIZE {config.max_file_mb} MB per file"
         if quota
         else f"RLIMIT_FSIZE {config.max_file_mb} MB per file only: total size and file count NOT bounded"
-        + (" (a tmpfs quota needs root)" if not root and config.workspace_mb else " (workspace_mb = 0)"),
+        + why_no_quota,
         "files": f"RLIMIT_NOFILE {config.max_open_files} per process",
     }
     if "memory" in cgroup:
