@@ -6,7 +6,7 @@ at once (each slot in its own thread, as the rollout manager does; a slot is acq
 runs --per-slot calls and is released, cgroup and tmpfs workspace included). Not a test:
 numbers depend on the machine and its load, which is printed alongside.
 
-    python benchmarks/sandbox.py [--mode auto] [--calls 20] [--per-slot 2]
+    python benchmarks/sandbox.py [--mode auto] [--calls 20] [--per-slot 2] [--no-cgroup] [--workspace-mb 256]
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ def main() -> None:
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--calls", type=int, default=20, help="calls per latency median (at least 20)")
     parser.add_argument("--per-slot", type=int, default=2, help="executions per slot in the throughput runs")
+    parser.add_argument("--no-cgroup", action="store_true", help="use_cgroup=False (to measure what cgroups cost)")
+    parser.add_argument("--workspace-mb", type=int, default=256, help="workspace quota (0: no tmpfs)")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    pool = SandboxPool(SandboxConfig(mode=args.mode))
+    pool = SandboxPool(SandboxConfig(mode=args.mode, use_cgroup=not args.no_cgroup, workspace_mb=args.workspace_mb))
     try:
         bare_call()  # warm the page cache
         bare = statistics.median(bare_call() for _ in range(max(args.calls, 20)))
