@@ -145,14 +145,14 @@ def test_probe_reports_what_protections_rest_on(pool):
     assert pool.report.cgroup and "resource bounds per slot" in pool.report.format()
 
 
-def test_probe_result_is_cached_on_disk_per_host_state(monkeypatch):
+def test_probe_result_is_cached_on_disk_per_host_state(monkeypatch, tmp_path):
     fresh = probe(SandboxConfig(), refresh=True)
     assert not fresh.cached and fresh.layer
     monkeypatch.setattr(probe_mod, "_CACHE", {})  # as a new process would start
     again = probe(SandboxConfig())
     assert again.cached and again.layer == fresh.layer and again.layers == fresh.layers
-    # Another input of the answer (here the read-only paths) is another key: probed for real.
-    other = probe(SandboxConfig(extra_ro_paths=["/usr/share/doc"]))
+    # Another input of the answer (here a read-only path never used before) is another key: probed for real.
+    other = probe(SandboxConfig(extra_ro_paths=[str(tmp_path)]))
     assert not other.cached and other.layer == fresh.layer
     # A cache file others could have written is ignored.
     cache = probe_mod.private_dir() / "probe-cache.json"
