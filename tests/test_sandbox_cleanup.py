@@ -126,19 +126,30 @@ def test_cgroup_and_workspace_quota_live_and_die_with_the_slot():
         assert values.get("memory.max", values.get("memory.limit_in_bytes")) == str(300 << 20)
         assert values["pids.max"] == "40"
         assert values.get("cpu.max", values.get("cpu.cfs_quota_us")).split()[0] == "50000"
-        # The pool's parent weighs one process per core: all slots together are not one process's share.
+        # The pool's parent weighs one process per live slot: all slots together are not one process's share.
         parent = pool.cgroups.parents.get("cpu", pool.cgroups.parents.get("unified"))
         weight = (parent / "cpu.shares") if (parent / "cpu.shares").exists() else (parent / "cpu.weight")
-        assert int(weight.read_text()) in (1024 * os.cpu_count(), min(10000, 100 * os.cpu_count()))
+        others = [pool.acquire() for _ in range(2)]
+        assert int(weight.read_text()) in (1024 * 3, 100 * 3)
+        for other in others:
+            pool.release(other)
+        assert int(weight.read_text()) in (1024, 100)
         # The command runs inside the group, and the workspace is a 20 MB tmpfs.
         out = slot.run(["sh", "-c", "df -k . | tail -1"]).stdout.split()
         assert out[0] == "tmpfs" and int(out[1]) == 20 * 1024
         workspace = slot.workspace
+        slot.run(["sh", "-c", "sleep 600 & sleep 600 & true"])  # nothing may outlive the call in the group
         pool.release(slot)
-        assert not any(d.exists() for d in group_dirs) and not workspace.exists()
+        assert not workspace.exists()
+        # An empty group is kept for the next slot, with nothing of this one left in it.
+        assert all(d.exists() and not (d / "cgroup.procs").read_text().split() for d in group_dirs)
+        again = pool.acquire()
+        assert again.cgroup.dirs == group_dirs
+        pool.release(again)
         assert str(workspace) not in Path("/proc/self/mounts").read_text()
     finally:
         pool.close()
+    assert not any(d.exists() for d in group_dirs)
     assert not any(p.exists() for p in pool.cgroups.parents.values())
 
 

@@ -110,7 +110,7 @@ class SandboxPool:
             )
             if self.cgroups.version is not None:
                 limits = CgroupLimits(self.config.memory_mb << 20, self.config.max_processes, self.config.cpu_cores)
-                group = self.cgroups.create(workspace.name, limits)
+                group = self.cgroups.take(limits)
         except BaseException:
             # Undo what was made; a half-made slot must not keep a uid or a mount.
             slot = SandboxSlot(self, workspace or self.root / "missing", uid, lease, cgroup=group, mounted=mounted)
@@ -124,12 +124,14 @@ class SandboxPool:
         slot = SandboxSlot(self, workspace, uid, lease, cgroup=group, mounted=mounted)
         with self._lock:
             self._live.add(slot)
+            self.cgroups.weigh(len(self._live))
         return slot
 
     def release(self, slot: SandboxSlot) -> None:
         """Kill whatever the slot left running and remove its workspace; never raises (failures are logged)."""
         with self._lock:
             self._live.discard(slot)
+            self.cgroups.weigh(len(self._live))
         if slot.release():
             with self._lock:
                 self.release_failures += 1

@@ -271,7 +271,7 @@ class SandboxSlot:
         if self.uid is not None and self.layer != "bwrap":
             attempt("kill slot uid", lambda: kill_uid(self.uid))
         if self.cgroup is not None:
-            attempt("cgroup", self.cgroup.remove)
+            attempt("cgroup", lambda: self.pool.cgroups.give_back(self.cgroup))
         if self.uid is not None:
             attempt("SysV IPC", lambda: _raise_if(remove_ipc(self.uid)))
         attempt("workspace", lambda: release_workspace(self.workspace, self._mounted))
