@@ -97,6 +97,9 @@ class AgenticGRPOConfig(GRPOConfig):
         },
     )
     sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit of sandboxed code, in MB."})
+    sandbox_workspace_mb: int = field(
+        default=256, metadata={"help": "Total size of a trajectory's sandbox workspace, in MB (0 = no total cap)."}
+    )
     save_trajectories_steps: int = field(
         default=1,
         metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},

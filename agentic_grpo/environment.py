@@ -22,8 +22,6 @@ import typing
 from pathlib import Path
 from typing import Any, ClassVar
 
-from transformers.utils import get_json_schema
-
 from agentic_grpo.trajectory import ToolCall, ToolResult
 
 _RESERVED = {"reset", "close", "execute", "tools", "tool_schemas", "wait_idle", "pay", "state_hash", "take_payments"}
@@ -156,6 +154,8 @@ class ToolEnvironment:
 @functools.cache
 def _schemas_of(cls: type[ToolEnvironment]) -> dict[str, dict[str, Any]]:
     """Tool name -> JSON schema, built once per class: `execute` checks every call against it."""
+    from transformers.utils import get_json_schema  # here, not at import: `agentic-grpo sandbox exec` starts fast
+
     schemas = {}
     for name, fn in cls.tools().items():
         try:

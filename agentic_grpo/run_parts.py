@@ -70,5 +70,8 @@ def build_rollout_parts(config: Any) -> RolloutParts:
         from agentic_grpo.sandbox import SandboxConfig
 
         # The sandbox owns the deadline of code tools: `tool_timeout` is its per-command limit.
-        sandbox = SandboxConfig(mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb)
+        sandbox = SandboxConfig(
+            mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb,
+            workspace_mb=config.sandbox_workspace_mb,
+        )  # fmt: skip
     return RolloutParts(environment, kwargs, trajectory_format, RolloutLimits.from_config(config), sandbox)

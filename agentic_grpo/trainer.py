@@ -287,6 +287,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
         metrics["tokens/trainable_ratio"].append(trainable / tokens if tokens else 0.0)
         metrics["time/generation"].append(gen_s / procs)
         metrics["time/tools"].append(tool_s / procs)
+        if self.sandbox_pool is not None:  # sandbox/downgraded, sandbox/cgroup: a silent fallback shows in the logs
+            for name, value in self.sandbox_pool.metrics().items():
+                metrics[name].append(value)
 
     def _save_trajectories(
         self, inputs: list[dict[str, Any]], advantages: torch.Tensor | None, error: str | None = None

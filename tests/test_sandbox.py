@@ -133,12 +133,43 @@ def test_unavailable_says_what_to_install(monkeypatch):
         SandboxPool(SandboxConfig(mode="landlock"))
 
 
-def test_probe_reports_what_protections_rest_on():
+def test_probe_reports_what_protections_rest_on(pool):
     report = probe(SandboxConfig())
     assert report.layer in ("bwrap", "landlock")
-    for key in ("filesystem", "network", "processes", "timeout"):
+    for key in ("filesystem", "network", "kernel", "timeout"):
         assert report.protections[key]
     assert report.layer in report.format()
+    # The pool adds what bounds its slots' resources, and says NOT bounded where nothing does.
+    for key in ("memory", "processes", "cpu", "disk"):
+        assert pool.report.bounds[key]
+    assert pool.report.cgroup and "resource bounds per slot" in pool.report.format()
+
+
+def test_probe_result_is_cached_on_disk_per_host_state(monkeypatch, tmp_path):
+    fresh = probe(SandboxConfig(), refresh=True)
+    assert not fresh.cached and fresh.layer
+    monkeypatch.setattr(probe_mod, "_CACHE", {})  # as a new process would start
+    again = probe(SandboxConfig())
+    assert again.cached and again.layer == fresh.layer and again.layers == fresh.layers
+    # Another input of the answer (here a read-only path never used before) is another key: probed for real.
+    other = probe(SandboxConfig(extra_ro_paths=[str(tmp_path)]))
+    assert not other.cached and other.layer == fresh.layer
+    # A cache file others could have written is ignored.
+    cache = probe_mod.private_dir() / "probe-cache.json"
+    cache.chmod(0o666)
+    try:
+        monkeypatch.setattr(probe_mod, "_CACHE", {})
+        assert not probe(SandboxConfig()).cached
+    finally:
+        cache.chmod(0o600)
+
+
+def test_landlock_features_are_reported():
+    report = probe(SandboxConfig(mode="landlock"))
+    if report.landlock_abi < 1:
+        pytest.skip("no Landlock here")
+    assert report.landlock_features["filesystem"]
+    assert f"landlock ABI {report.landlock_abi}" in report.format()
 
 
 def test_bad_mode_rejected():
@@ -153,6 +184,7 @@ def test_cli_exec_prints_json(capsys):
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stdout"] == "hel" and out["truncated"] and out["exit_code"] == 0 and not out["timed_out"]
+    assert out["layer"] in ("bwrap", "landlock") and "downgraded" in out
 
 
 def test_python_interpreter_tool_runs_in_a_slot(pool):
@@ -162,3 +194,19 @@ def test_python_interpreter_tool_runs_in_a_slot(pool):
         tool = PythonInterpreter()
         tool.sandbox, tool.workspace = slot, slot.workspace
         assert tool.python("import os; print(os.getcwd())").output == str(slot.workspace)
+
+
+def test_cli_file_fast_path_skips_the_package_init():
+    """`python .../sandbox/cli.py sandbox exec` runs without importing agentic_grpo/__init__ (transformers)."""
+    import subprocess
+    import sys
+
+    cli = os.path.join(os.path.dirname(probe_mod.__file__), "cli.py")
+    code = (
+        "import runpy, sys; sys.argv = [sys.argv[1], 'sandbox', 'exec', '--', 'echo', 'fast'];"
+        "\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
+        "    print('TRANSFORMERS' if 'transformers' in sys.modules else 'LIGHT', e.code, file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-I", "-c", code, cli], capture_output=True, text=True, timeout=120)
+    assert json.loads(proc.stdout)["stdout"] == "fast\n"
+    assert proc.stderr.strip().endswith("LIGHT 0"), proc.stderr[-2000:]

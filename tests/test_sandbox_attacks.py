@@ -1,9 +1,11 @@
-"""The attack suite (agentic_grpo/sandbox/attacks.py) against every layer this host offers.
+"""The attack suite (agentic_grpo/sandbox/attacks*.py) against every layer this host offers.
 
-Same attacks as `agentic-grpo sandbox check`: as the current user for the bubblewrap and
-Landlock layers, as an unprivileged user (setpriv to nobody), and with user namespaces
-denied by a seccomp filter (as Docker's default profile does) to show the probe falls
-back to Landlock. unsafe-local is run too, to prove the checks can see harm.
+Same attacks as `agentic-grpo sandbox check`: in this process (bubblewrap, and Landlock
+when the trainer's interpreter is reachable by slot uids), as root with the system python
+(so Landlock runs as root even when the venv lives under a private /root), as an
+unprivileged user (setpriv to nobody), and with user namespaces denied by a seccomp filter
+(as Docker's default profile does) to show the probe falls back to Landlock and says so.
+unsafe-local is run too, to prove the checks can see harm.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +27,9 @@ from agentic_grpo.sandbox.attacks import ATTACKS, Context, run_attack
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = list(ATTACKS)
+# What an unprivileged trainer cannot bound (no cgroup delegated to it, no tmpfs mount): the
+# pool's report says NOT bounded, and the attacks must report exactly these as documented gaps.
+NONROOT_GAPS = {"disk_quota", "cpu_share"}
 
 
 def _layer_available(mode: str) -> bool:
@@ -50,130 +56,181 @@ def test_attack_is_blocked(attack_context, name):
 def test_auto_picks_bubblewrap_when_installed():
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap not installed (.ci/install_sandbox.sh)")
-    assert probe(SandboxConfig()).layer == "bwrap"
+    report = probe(SandboxConfig())
+    assert report.layer == "bwrap" and report.downgraded is None
+
+
+def _vsock_available() -> bool:
+    try:
+        socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM).close()
+        return True
+    except (OSError, AttributeError):
+        return False
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running the unsafe layer's attacks is only contained as root here")
 def test_checks_detect_harm_without_isolation():
-    """unsafe-local isolates nothing: the harmless attacks must be reported as harm (the checks can fail)."""
-    pool = SandboxPool(SandboxConfig(mode="unsafe-local"))
+    """unsafe-local isolates nothing: the attacks must be reported as harm (the checks can fail).
+
+    Small limits and no cgroup or quota keep the proof cheap: memfd holds 384 MB, the disk 64 MB.
+    """
+    config = SandboxConfig(mode="unsafe-local", memory_mb=256, workspace_mb=0, workspace_inodes=256, use_cgroup=False)
+    pool = SandboxPool(config)
     ctx = Context(pool)
     try:
-        for name in ("network_loopback", "write_outside", "read_sibling"):
-            assert not run_attack(name, ctx).blocked, name
-        # ...while the limits and tree-killing the launcher provides still hold.
-        for name in ("setsid_grandchild_timeout", "output_flood"):
+        harmful = ["network_loopback", "write_outside", "read_sibling", "keyring_session", "keyring_user_carryover",
+                   "sysv_ipc", "unix_socket_by_path", "namespaces_and_uring", "memfd_memory", "disk_quota",
+                   "cpu_share"]  # fmt: skip
+        if _vsock_available():
+            harmful.append("vsock_port_space")
+        results = {name: run_attack(name, ctx) for name in harmful}
+        assert not [n for n, r in results.items() if r.blocked], {n: r.detail for n, r in results.items()}
+        # Unbounded resources on a pool that says so are documented gaps, not silent passes.
+        assert {n for n, r in results.items() if r.gap} == {"disk_quota", "cpu_share"}
+        # ...while the limits, tree-killing and cleanup the host side provides still hold.
+        for name in ("setsid_grandchild_timeout", "output_flood", "deep_tree_cleanup"):
             assert run_attack(name, ctx).blocked, name
     finally:
         ctx.close()
         pool.close()
 
 
-# Run by a python the unprivileged user can execute; imports the sandbox package without
+# Run by the system python (reachable by every uid); imports the sandbox package without
 # agentic_grpo/__init__.py (which needs the venv's transformers).
-_NONROOT_SCRIPT = textwrap.dedent(
+_SCRIPT = textwrap.dedent(
     """
-    import ctypes, json, struct, sys, types
+    import io, json, os, sys, types
     pkg = types.ModuleType("agentic_grpo")
     pkg.__path__ = [sys.argv[1] + "/agentic_grpo"]
     sys.modules["agentic_grpo"] = pkg
     from agentic_grpo.sandbox import SandboxConfig, SandboxPool, probe
-    from agentic_grpo.sandbox import landlock
+    from agentic_grpo.sandbox import seccomp
     from agentic_grpo.sandbox.attacks import run_all
 
-    if sys.argv[2] == "no-userns":
+    quick = "quick" in sys.argv  # probe and pool only, no attacks
+    modes = [m for m in sys.argv[2:] if m != "quick"]
+    if modes == ["no-userns"]:
         # Deny user namespaces the way container runtimes do: clone/unshare with CLONE_NEWUSER, and clone3.
         ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
         arch, nr_clone, nr_unshare, nr_clone3 = {"x86_64": (0xC000003E, 56, 272, 435),
-                                                 "aarch64": (0xC00000B7, 220, 97, 435)}[landlock.machine()]
+                                                 "aarch64": (0xC00000B7, 220, 97, 435)}[seccomp.machine()]
         prog = [(ld, 4, 0, 0), (jeq, arch, 0, "allow"), (ld, 0, 0, 0), (jeq, nr_clone3, "enosys", 0),
                 (jeq, nr_clone, "flags", 0), (jeq, nr_unshare, "flags", "allow"),
                 ("label", "flags"), (ld, 16, 0, 0), (jset, 0x10000000, "eperm", "allow"),
                 ("label", "enosys"), (ret, 0x00050000 | 38, 0, 0),
                 ("label", "eperm"), (ret, 0x00050000 | 1, 0, 0),
                 ("label", "allow"), (ret, 0x7FFF0000, 0, 0)]
-        code = landlock._assemble(prog)
-        filt = ctypes.create_string_buffer(code, len(code))
-        fprog = ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(code) // 8, ctypes.addressof(filt)), 16)
-        assert landlock._LIBC.prctl(38, 1, 0, 0, 0) == 0
-        assert landlock._LIBC.prctl(22, 2, ctypes.addressof(fprog), 0, 0) == 0
+        seccomp.install(seccomp.assemble(prog))
         modes = ["auto"]
-    else:
-        modes = sys.argv[2:]
+    elif modes == ["broken-bwrap"]:
+        # A bwrap that exists and fails, first on PATH: `auto` must say it fell back.
+        fake = os.path.join(sys.argv[1], "fakebin")
+        os.makedirs(fake, exist_ok=True)
+        with open(os.path.join(fake, "bwrap"), "w") as f:
+            f.write("#!/bin/sh\\necho 'bwrap: broken on purpose' >&2\\nexit 1\\n")
+        os.chmod(os.path.join(fake, "bwrap"), 0o755)
+        os.environ["PATH"] = fake + ":" + os.environ["PATH"]
+        modes = ["auto"]
     out = {}
     for mode in modes:
         config = SandboxConfig(mode=mode)
-        report = probe(config)
+        report = probe(config, refresh=True)
         pool = SandboxPool(config)
-        out[mode] = {"layer": pool.layer, "probe": report.layers, "attacks": [r.to_dict() for r in run_all(pool)]}
+        attacks = [] if quick else [r.to_dict() for r in run_all(pool)]
+        out[mode] = {"layer": pool.layer, "probe": report.layers, "downgraded": report.downgraded,
+                     "bounds": pool.report.bounds, "metrics": pool.metrics(), "attacks": attacks}
         pool.close()
     print(json.dumps(out))
     """
 )
 
 
-def _as_nobody(*args: str) -> dict:
+def _as_user(uid: int, *args: str) -> tuple[dict, str]:
+    """Run _SCRIPT with the system python as `uid` (0: root); its JSON and its stderr."""
     python = "/usr/bin/python3"
     if os.geteuid() != 0 or not shutil.which("setpriv") or not os.access(python, os.X_OK):
-        pytest.skip("needs root, setpriv and a system python3 to run as an unprivileged user")
+        pytest.skip("needs root, setpriv and a system python3 to run as another user")
     # Not pytest's tmp_path: its parents are private to root.
-    directory = Path(tempfile.mkdtemp(prefix="agentic-grpo-nonroot-"))
+    directory = Path(tempfile.mkdtemp(prefix="agentic-grpo-asuser-"))
     directory.chmod(0o755)
-    script = directory / "nonroot.py"
-    script.write_text(_NONROOT_SCRIPT)
-    script.chmod(0o644)
-    # A copy of the sandbox package the unprivileged user can read, wherever the checkout lives
+    script = directory / "asuser.py"
+    script.write_text(_SCRIPT)
+    # A copy of the sandbox package any user can read, wherever the checkout lives
     # (a clone under a private directory, e.g. mktemp's 0700, is unreadable to uid 65534).
     package = directory / "agentic_grpo" / "sandbox"
     shutil.copytree(ROOT / "agentic_grpo" / "sandbox", package, ignore=shutil.ignore_patterns("__pycache__"))
-    for path in [directory / "agentic_grpo", *package.rglob("*")]:
+    for path in [script, directory / "agentic_grpo", *package.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
+    if uid:
+        fakebin = directory / "fakebin"
+        fakebin.mkdir(mode=0o755)
+        os.chown(fakebin, uid, uid)
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid else []
     try:
-        return _run_as_nobody(python, script, directory, args)
+        proc = subprocess.run(
+            [*drop, python, "-I", str(script), str(directory), *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+        )
     finally:
         shutil.rmtree(directory)
-
-
-def _run_as_nobody(python: str, script: Path, root: Path, args: tuple[str, ...]) -> dict:
-    proc = subprocess.run(
-        [
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--",
-            python,
-            "-I",
-            str(script),
-            str(root),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd="/",
-        env={"PATH": "/usr/bin:/bin"},
-    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return json.loads(proc.stdout), proc.stderr
+
+
+def _harm(out: dict) -> tuple[list, list]:
+    """(undocumented harm, documented gaps) as (mode, attack, detail) rows."""
+    rows = [
+        (mode, a["name"], a["detail"], a["gap"]) for mode, v in out.items() for a in v["attacks"] if not a["blocked"]
+    ]
+    return [r[:3] for r in rows if not r[3]], [r[:2] for r in rows if r[3]]
+
+
+def test_attack_suite_as_root_with_system_python():
+    """Landlock as root, with slot uids and no capability: possible with an interpreter every uid can reach."""
+    out, _ = _as_user(0, "landlock")  # bwrap as root runs in this process already
+    assert out["landlock"]["layer"] == "landlock"
+    harmed, gaps = _harm(out)
+    assert not harmed and not gaps
+    assert {a["name"] for a in out["landlock"]["attacks"]} == set(NAMES)
 
 
 def test_attack_suite_as_unprivileged_user():
-    out = _as_nobody("bwrap", "landlock")
+    out, _ = _as_user(65534, "bwrap", "landlock")
     assert out["bwrap"]["layer"] == "bwrap"  # unprivileged bubblewrap (user namespace)
     assert out["landlock"]["layer"] == "landlock"
-    harmed = [(mode, a["name"], a["detail"]) for mode, v in out.items() for a in v["attacks"] if not a["blocked"]]
+    harmed, gaps = _harm(out)
     assert not harmed
+    # No cgroup and no tmpfs without root: those attacks do harm, and the report says so.
+    assert {name for _, name in gaps} <= NONROOT_GAPS
+    for mode in out:
+        assert "NOT bounded" in out[mode]["bounds"]["disk"] and "NOT bounded" in out[mode]["bounds"]["cpu"]
+        assert "memfd_create refused" in out[mode]["bounds"]["memory"]
     assert {a["name"] for a in out["bwrap"]["attacks"]} == set(NAMES)
 
 
-def test_falls_back_to_landlock_without_user_namespaces():
-    if not _layer_available("landlock"):
-        pytest.skip("no Landlock on this kernel")
-    out = _as_nobody("no-userns")["auto"]
-    assert out["probe"]["bwrap"] != "ok"
-    assert out["layer"] == "landlock"
-    assert all(a["blocked"] for a in out["attacks"]), out["attacks"]
+def test_falls_back_to_landlock_without_user_namespaces_and_says_so():
+    if not _layer_available("landlock") and probe(SandboxConfig(mode="landlock")).landlock_abi < 6:
+        pytest.skip("no usable Landlock on this kernel")
+    out, stderr = _as_user(65534, "no-userns")
+    auto = out["auto"]
+    assert auto["probe"]["bwrap"] != "ok" and auto["layer"] == "landlock"
+    assert auto["downgraded"] and "WARNING: sandbox: auto fell back" in stderr
+    assert auto["metrics"]["sandbox/downgraded"] == 1.0
+    harmed, gaps = _harm(out)
+    assert not harmed and {name for _, name in gaps} <= NONROOT_GAPS
+
+
+def test_broken_bwrap_on_path_is_a_loud_downgrade():
+    out, stderr = _as_user(65534, "broken-bwrap", "quick")
+    auto = out["auto"]
+    assert "broken on purpose" in auto["probe"]["bwrap"] and auto["layer"] == "landlock"
+    assert "fell back to the weaker landlock layer" in auto["downgraded"]
+    assert "WARNING: sandbox: auto fell back" in stderr
+    assert auto["metrics"]["sandbox/downgraded"] == 1.0
 
 
 def test_sandbox_check_cli_exits_zero():
@@ -188,4 +245,6 @@ def test_sandbox_check_cli_exits_zero():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["probe"]["layer"] in ("bwrap", "landlock")
-    assert len(report["attacks"]) == len(NAMES) and all(a["blocked"] for a in report["attacks"])
+    assert report["probe"]["bounds"] and report["probe"]["cgroup"]
+    assert len(report["attacks"]) == len(NAMES)
+    assert all(a["blocked"] or a["gap"] for a in report["attacks"])

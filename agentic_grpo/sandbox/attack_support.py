@@ -5,6 +5,7 @@ Split from `attacks.py` so the attacks read as a list of hostile programs and th
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -18,16 +19,22 @@ from pathlib import Path
 
 from .config import ExecResult
 from .pool import SandboxPool
-from .slot import SandboxSlot, remove_tree
+from .slot import SandboxSlot
+from .workspace import remove_tree
 
 
 @dataclass
 class AttackResult:
-    """One attack's outcome: `blocked` is True when it did no harm."""
+    """One attack's outcome: `blocked` is True when it did no harm.
+
+    `gap` is set when the attack did harm that the pool's report already lists as NOT bounded
+    on this host (e.g. no disk quota without root): a documented limit, not a hidden hole.
+    """
 
     name: str
     blocked: bool
     detail: str
+    gap: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,6 +98,18 @@ class Context:
 
 def run_code(slot: SandboxSlot, code: str, **kwargs) -> ExecResult:
     return slot.run_python(textwrap.dedent(code), **kwargs)
+
+
+def last_json(result: ExecResult) -> dict:
+    """The last line of stdout that is a JSON object (what the hostile program reports), or {}."""
+    for line in reversed(result.stdout.splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
 
 
 def still_growing(path: Path, wait: float = 0.5) -> bool:

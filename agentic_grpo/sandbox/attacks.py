@@ -4,7 +4,9 @@ One list serves both `pytest tests/test_sandbox_attacks.py` and `agentic-grpo sa
 so what CI proves is exactly what a user verifies on a new cluster. Harm is judged on the
 host (did the decoy file change, did the listener get a connection, did the heartbeat of
 an orphan keep beating), not only by what the sandboxed code claims. Every attack is
-bounded: the fork bomb stops by itself, the allocation is refused at once.
+bounded: the fork bomb stops by itself, the allocation is refused at once. This module
+holds the first round (filesystem, network, processes); `attacks_kernel`, `attacks_ipc`
+and `attacks_resources` the second (keyrings, namespaces, IPC, memory, disk, CPU, cleanup).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .attack_support import AttackResult, Context, run_code, still_growing, uid_processes
+from .attacks_ipc import sysv_ipc, unix_socket_by_path
+from .attacks_kernel import keyring_session, keyring_user_carryover, namespaces_and_uring, vsock_port_space
+from .attacks_resources import cpu_share, deep_tree_cleanup, disk_quota, memfd_memory
 from .pool import SandboxPool
 from .slot import SandboxSlot
 
@@ -312,6 +317,16 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         background_leftover,
         output_flood,
         kill_parent,
+        keyring_session,
+        keyring_user_carryover,
+        sysv_ipc,
+        unix_socket_by_path,
+        vsock_port_space,
+        namespaces_and_uring,
+        memfd_memory,
+        disk_quota,
+        cpu_share,
+        deep_tree_cleanup,
     )
 }
 

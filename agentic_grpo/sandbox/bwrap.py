@@ -36,6 +36,7 @@ ETC_FILES = (
     f"/etc/python3.{sys.version_info.minor}",
 )
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+NICE = 10  # CPU priority of sandboxed code when no cpu cgroup bounds it
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
@@ -89,27 +90,26 @@ def prlimit_argv(limits: dict[str, int]) -> list[str]:
     return [shutil.which("prlimit") or "prlimit", *(f"--{k}={v}" for k, v in limits.items()), "--"]
 
 
-def setpriv_argv(uid: int, keep_read_cap: bool = False) -> list[str]:
-    """Drop to the slot uid with no groups, no capabilities (bounding set too) and no_new_privs."""
-    caps = ["--inh-caps=-all", "--bounding-set=-all"]
-    if keep_read_cap:
-        # Only when the trainer's interpreter lives under a directory the slot uid cannot search
-        # (e.g. pyenv under /root): reads stay confined by Landlock, handles are denied by seccomp.
-        caps = [
-            "--inh-caps=-all,+dac_read_search",
-            "--ambient-caps=+dac_read_search",
-            "--bounding-set=-all,+dac_read_search",
-        ]
+def setpriv_argv(uid: int) -> list[str]:
+    """Drop to the slot uid with no groups, no capabilities (ambient, inheritable, bounding) and no_new_privs."""
+    caps = ["--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
     return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *caps, "--"]
 
 
 def bwrap_argv(
-    config: SandboxConfig, workspace: str, uid: int | None, limits: dict[str, int], command: list[str]
+    config: SandboxConfig,
+    workspace: str,
+    uid: int | None,
+    limits: dict[str, int],
+    command: list[str],
+    *,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """bubblewrap: all namespaces, a read-only system, the workspace the only writable bind.
 
     As root, bwrap runs privileged (no user namespace needed) and the command then drops to
     the slot uid through setpriv inside; unprivileged, bwrap's user namespace maps the caller.
+    seccomp_fd: a descriptor holding the filter program (`seccomp.build`), loaded before the command.
     """
     argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
     if uid is None:
@@ -144,7 +144,10 @@ def bwrap_argv(
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0555", "--dir", "/tmp"]
     made.add("/tmp")
     argv += parents(workspace) + ["--bind", workspace, workspace, "--chdir", workspace]
-    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv.append("--")
     if uid is not None:
         argv += setpriv_argv(uid)
     return argv + prlimit_argv(limits) + list(command)
@@ -156,15 +159,22 @@ def launcher_argv(
     limits: dict[str, int],
     command: list[str],
     *,
-    confine: bool,
-    keep_read_cap: bool = False,
+    seccomp_hex: str | None,
+    landlock_require: list[str] | None,
+    nice: int = 0,
     extra_ro_paths: list[str] | None = None,
 ) -> list[str]:
-    """The launcher (as the slot uid when root) with rlimits, and Landlock + seccomp when `confine`."""
+    """The launcher (as the slot uid when root) with rlimits and a priority; Landlock and seccomp when given.
+
+    landlock_require: None for no Landlock (unsafe-local), else the features it must enforce.
+    """
     spec: dict = {"argv": list(command), "cwd": workspace, "env": environment(workspace), "rlimits": limits}
-    if confine:
+    if nice:
+        spec["nice"] = nice
+    if landlock_require is not None:
         read = [*SYSTEM_DIRS, *ETC_FILES, *interpreter_paths(), *(extra_ro_paths or [])]
-        spec["landlock"] = {"read": read, "write": [workspace], "devices": list(DEVICES)}
-        spec["seccomp"] = True
-    argv = setpriv_argv(uid, keep_read_cap) if uid is not None else []
+        spec["landlock"] = {"read": read, "write": [workspace], "devices": list(DEVICES), "require": landlock_require}
+    if seccomp_hex:
+        spec["seccomp"] = seccomp_hex
+    argv = setpriv_argv(uid) if uid is not None else []
     return argv + [sys.executable, "-I", "-S", LAUNCHER, json.dumps(spec)]

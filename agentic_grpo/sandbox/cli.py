@@ -11,7 +11,21 @@ import argparse
 import json
 import sys
 
-from .config import MODES, SandboxConfig, SandboxUnavailable
+if __name__ == "__main__" and not __package__:
+    # Run as a file (the fast path for scripts): load this package without agentic_grpo/__init__.py,
+    # which imports transformers (~0.7 s) for the tool contracts the sandbox never uses.
+    import os
+    import types
+
+    _top = types.ModuleType("agentic_grpo")
+    _top.__path__ = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    sys.modules.setdefault("agentic_grpo", _top)
+    sys.path.pop(0)  # this directory: its modules must load as agentic_grpo.sandbox.*, not top-level
+    from agentic_grpo.sandbox.cli import main as _main
+
+    raise SystemExit(_main())
+
+from .config import MODES, SandboxConfig, SandboxUnavailable  # noqa: E402
 
 
 def _config(args: argparse.Namespace) -> SandboxConfig:
@@ -25,7 +39,7 @@ def check(args: argparse.Namespace) -> int:
     from .probe import probe
 
     config = _config(args)
-    report = probe(config)
+    report = probe(config, refresh=True)  # a check re-verifies the host: never a cached answer
     try:
         pool = SandboxPool(config)
     except SandboxUnavailable as exc:
@@ -39,17 +53,22 @@ def check(args: argparse.Namespace) -> int:
         results = run_all(pool)
     finally:
         pool.close()
-    failed = [r for r in results if not r.blocked]
+    failed = [r for r in results if not r.blocked and not r.gap]
+    gaps = [r for r in results if not r.blocked and r.gap]
+    report = pool.report  # the probe's report plus the pool's cgroup and resource bounds
     if args.json:
         print(json.dumps({"probe": report.to_dict(), "attacks": [r.to_dict() for r in results]}, indent=2))
     else:
         print(report.format())
         print(f"attack suite ({len(results)} attacks against the live configuration):")
         for r in results:
-            print(
-                f"  {'blocked' if r.blocked else 'HARMED '}  {r.name:<26} {r.detail.splitlines()[0][:100] if r.detail else ''}"
-            )
-        print("RESULT: " + (f"{len(failed)} attack(s) did harm" if failed else "every attack was blocked"))
+            status = "blocked" if r.blocked else "GAP    " if r.gap else "HARMED "
+            first = r.detail.splitlines()[0][:100] if r.detail else ""
+            print(f"  {status}  {r.name:<26} {(r.gap + ': ') if r.gap else ''}{first}")
+        verdict = f"{len(failed)} attack(s) did harm" if failed else "every attack was blocked"
+        if gaps:
+            verdict += f"; {len(gaps)} did harm this host documents as NOT bounded (see resource bounds)"
+        print("RESULT: " + verdict)
     return 1 if failed else 0
 
 
@@ -79,7 +98,7 @@ def exec_command(args: argparse.Namespace) -> int:
             )
     finally:
         pool.close()
-    print(json.dumps({"layer": pool.layer, **result.to_dict()}, indent=2))
+    print(json.dumps({"layer": pool.layer, "downgraded": pool.report.downgraded, **result.to_dict()}, indent=2))
     return 0
 
 
@@ -108,7 +127,7 @@ def add_sandbox_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m agentic_grpo.sandbox.cli check|exec ...`, for use before the console script is wired."""
+    """`python -m agentic_grpo.sandbox.cli sandbox check|exec ...`, or `python .../sandbox/cli.py sandbox exec ...`."""
     parser = argparse.ArgumentParser(prog="agentic-grpo")
     add_sandbox_parser(parser.add_subparsers())
     args = parser.parse_args(argv)

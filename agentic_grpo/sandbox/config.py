@@ -38,7 +38,13 @@ class SandboxConfig:
     timeout_s: float = field(
         default=10.0, metadata={"help": "Wall-clock seconds per command; the whole process tree dies after it."}
     )
-    memory_mb: int = field(default=1024, metadata={"help": "Address-space limit (RLIMIT_AS) per process, in MB."})
+    memory_mb: int = field(
+        default=1024,
+        metadata={
+            "help": "Address-space limit (RLIMIT_AS) per process, in MB; with a memory cgroup also the slot's "
+            "total memory."
+        },
+    )
     max_processes: int = field(
         default=64,
         metadata={"help": "Most processes and threads alive at once in one slot (RLIMIT_NPROC, pids cgroup)."},
@@ -66,7 +72,24 @@ class SandboxConfig:
     )
     use_cgroup: bool = field(
         default=True,
-        metadata={"help": "Also put each slot in its own pids/memory cgroup when a cgroup hierarchy is writable."},
+        metadata={
+            "help": "Put each slot in its own cgroup (v2 where delegated, v1 as root) bounding its total memory "
+            "(memory_mb, including memfd, tmpfs and shared memory pages), processes (max_processes) and CPU "
+            "(cpu_cores) when a hierarchy is writable; `sandbox check` says whether one is in force."
+        },
+    )
+    cpu_cores: float = field(
+        default=1.0, metadata={"help": "CPU time one slot may use at once, in cores (cgroup cpu quota)."}
+    )
+    workspace_mb: int = field(
+        default=256,
+        metadata={
+            "help": "Total size of a slot's workspace, in MB (a size-limited tmpfs when the trainer runs as root; "
+            "0 = a plain directory with no total cap)."
+        },
+    )
+    workspace_inodes: int = field(
+        default=16384, metadata={"help": "Most files and directories in a slot's workspace (with workspace_mb)."}
     )
     extra_ro_paths: list[str] = field(
         default_factory=list,
@@ -76,8 +99,10 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"sandbox mode must be one of {MODES}, got {self.mode!r}")
-        if self.timeout_s <= 0 or self.memory_mb <= 0 or self.max_processes <= 0:
-            raise ValueError("sandbox timeout, memory and process limits must be positive")
+        if self.timeout_s <= 0 or self.memory_mb <= 0 or self.max_processes <= 0 or self.cpu_cores <= 0:
+            raise ValueError("sandbox timeout, memory, process and CPU limits must be positive")
+        if self.workspace_mb < 0 or self.workspace_inodes < 0:
+            raise ValueError("sandbox workspace quotas must be >= 0")
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The trainer is threaded, so it cannot use `preexec_fn` to set limits in its children. It
 starts this script instead (`python -I -S launcher.py SPEC_JSON`), which, single-threaded:
 becomes a child subreaper (orphans and setsid grandchildren re-parent to it), forks the
-command with rlimits, a new session, Landlock and seccomp applied, waits for it, and then
+command with rlimits, a new session, a lower CPU priority, Landlock and seccomp applied, waits for it, and then
 kills every descendant that is left, so nothing outlives a call. On SIGTERM (the trainer's
 wall timeout) it does the same cleanup. Standard library only: it runs without `site`.
 """
@@ -17,7 +17,8 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
-import landlock  # noqa: E402 - the sibling module, loaded as a top-level one (no package, no site)
+import landlock  # noqa: E402 - the sibling modules, loaded as top-level ones (no package, no site)
+import seccomp  # noqa: E402
 
 _RLIMITS = {
     "as": resource.RLIMIT_AS,
@@ -87,11 +88,17 @@ def _child(spec: dict) -> None:
         for name, value in spec.get("rlimits", {}).items():
             resource.setrlimit(_RLIMITS[name], (value, value))
         os.chdir(spec["cwd"])
+        if spec.get("nice"):
+            os.nice(spec["nice"])
         fs = spec.get("landlock")
         if fs is not None:
-            landlock.restrict(fs["read"], fs["write"], fs["devices"])
+            enforced = landlock.restrict(fs["read"], fs["write"], fs["devices"])
+            # The probe reported these as enforced: a kernel that now enforces less must not run the code.
+            missing = [name for name in fs.get("require", []) if not enforced.get(name)]
+            if missing:
+                raise OSError(f"Landlock ABI {enforced['abi']} does not enforce {missing}")
         if spec.get("seccomp"):
-            landlock.install_seccomp()
+            seccomp.install(bytes.fromhex(spec["seccomp"]))
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.execvpe(spec["argv"][0], spec["argv"], spec["env"])

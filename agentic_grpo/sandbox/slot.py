@@ -1,4 +1,4 @@
-"""Slots: a private workspace (and, as root, a private uid) that one live trajectory owns.
+"""Slots: a private workspace (and, as root, a private uid and cgroup) that one live trajectory owns.
 
 A `Spawner` turns "run argv in this slot" into the layer's command line and knows how to
 kill the layer's process tree; `SandboxSlot` is what tools hold. Slot uids are reserved
@@ -9,6 +9,7 @@ training run) never hand the same uid to two live slots.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import subprocess
@@ -18,36 +19,100 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import bwrap as cmdlines
+from . import seccomp
+from .cgroup import SlotCgroup
 from .config import ExecResult, SandboxConfig
+from .reclaim import kill_uid, remove_ipc
 from .runner import execute
+from .workspace import release_workspace
 
 if TYPE_CHECKING:
     from .pool import SandboxPool
+
+logger = logging.getLogger(__name__)
 
 _ARG_MAX_CODE = 100_000  # longer code goes through a file: one argv string may not exceed 128 KiB
 _KILL_GRACE_S = 2.0
 
 
-class Spawner:
-    """How one layer starts a command in a slot and kills what it started."""
+def private_dir() -> Path:
+    """This uid's private directory for lock files and the probe cache (refused if anyone else could write it)."""
+    directory = Path(tempfile.gettempdir()) / f"agentic-grpo-state-{os.geteuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    info = os.lstat(directory)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077 or not os.path.isdir(directory):
+        # Someone else made it first: they could hold every uid's lock, plant links or a forged probe result.
+        raise RuntimeError(f"{directory} must be a private directory of uid {os.geteuid()}")
+    return directory
 
-    def __init__(self, layer: str, config: SandboxConfig, *, keep_read_cap: bool = False) -> None:
+
+class Spawner:
+    """How one layer starts a command in a slot and kills what it started.
+
+    Args:
+        layer: "bwrap", "landlock" or "unsafe-local".
+        config: the pool's limits.
+        allow_memfd: a memory cgroup charges memfd pages, so seccomp may let memfd_create through.
+        landlock_require: Landlock features the probe reported; the launcher refuses to run with fewer.
+    """
+
+    def __init__(
+        self,
+        layer: str,
+        config: SandboxConfig,
+        *,
+        allow_memfd: bool = False,
+        landlock_require: tuple[str, ...] = (),
+    ) -> None:
         self.layer = layer
         self.config = config
-        self.keep_read_cap = keep_read_cap
+        self.landlock_require = landlock_require
+        self.filter = b""
+        if layer != "unsafe-local":
+            families = seccomp.BWRAP_FAMILIES if layer == "bwrap" else seccomp.LANDLOCK_FAMILIES
+            self.filter = seccomp.build(families, allow_memfd=allow_memfd, deny_connect=layer == "landlock")
 
-    def argv(self, workspace: str, uid: int | None, limits: dict[str, int], command: list[str]) -> list[str]:
+    def seccomp_fd(self) -> int | None:
+        """A fresh pipe holding the filter, for bwrap's --seccomp (bwrap reads it to the end)."""
+        if self.layer != "bwrap":
+            return None
+        read, write = os.pipe()
+        try:
+            os.write(write, self.filter)  # a few hundred bytes: fits the pipe buffer
+        finally:
+            os.close(write)
+        return read
+
+    def argv(
+        self,
+        workspace: str,
+        uid: int | None,
+        limits: dict[str, int],
+        command: list[str],
+        *,
+        seccomp_fd: int | None = None,
+        cgroup: SlotCgroup | None = None,
+    ) -> list[str]:
+        """The full command line of one call (a cgroup-joining shell first when the slot has a group)."""
+        # Without a cpu cgroup, a lower priority is the only CPU share control left.
+        nice = 0 if cgroup is not None and cgroup.has("cpu") else cmdlines.NICE
         if self.layer == "bwrap":
-            return cmdlines.bwrap_argv(self.config, workspace, uid, limits, command)
-        return cmdlines.launcher_argv(
-            workspace,
-            uid,
-            limits,
-            command,
-            confine=self.layer == "landlock",
-            keep_read_cap=self.keep_read_cap,
-            extra_ro_paths=self.config.extra_ro_paths,
-        )
+            argv = cmdlines.bwrap_argv(self.config, workspace, uid, limits, command, seccomp_fd=seccomp_fd)
+            if nice:
+                argv = [shutil.which("nice") or "nice", "-n", str(nice), *argv]
+        else:
+            confine = self.layer == "landlock"
+            argv = cmdlines.launcher_argv(
+                workspace,
+                uid,
+                limits,
+                command,
+                seccomp_hex=self.filter.hex() if confine else None,
+                landlock_require=list(self.landlock_require) if confine else None,
+                nice=nice,
+                extra_ro_paths=self.config.extra_ro_paths,
+            )
+        return cgroup.wrap(argv) if cgroup is not None else argv
 
     def kill(self, proc: subprocess.Popen, uid: int | None) -> None:
         """End the whole tree of one call.
@@ -69,34 +134,13 @@ class Spawner:
                 kill_uid(uid)
 
 
-def kill_uid(uid: int) -> None:
-    """SIGKILL every process of a slot uid (kill(-1) as that uid reaches exactly those)."""
-    setpriv, killer = shutil.which("setpriv"), shutil.which("kill")
-    if os.geteuid() != 0 or not setpriv or not killer:
-        return
-    for _ in range(2):  # a fork bomb may spawn between rounds; the process limit bounds it
-        subprocess.run(
-            [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", killer, "-KILL", "-1"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={"PATH": cmdlines.SAFE_PATH},
-            check=False,
-        )
-
-
 class UidLease:
     """A slot uid held exclusively (across processes) while the lock file stays locked."""
 
-    _dir = Path(tempfile.gettempdir()) / "agentic-grpo-sandbox-uids"
-
     def __init__(self, first: int, count: int) -> None:
-        self._dir.mkdir(mode=0o700, exist_ok=True)
-        info = os.lstat(self._dir)
-        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
-            # Someone else made it first: they could hold every uid's lock or plant links here.
-            raise RuntimeError(f"{self._dir} must be a private directory of uid {os.geteuid()}")
+        directory = private_dir()
         for uid in range(first, first + count):
-            fd = os.open(self._dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(directory / f"uid-{uid}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -112,33 +156,6 @@ class UidLease:
             self._fd = -1
 
 
-def make_workspace(root: Path, name: str, uid: int | None) -> Path:
-    """A fresh private directory, owned by the slot uid when there is one."""
-    workspace = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
-    if uid is not None:
-        os.chown(workspace, uid, uid)
-    workspace.chmod(0o700)
-    return workspace
-
-
-def remove_tree(path: Path) -> None:
-    """rmtree that survives code which chmod-ed its own directories to 000."""
-
-    def fix(func, failed, _exc):  # noqa: ANN001 - shutil.rmtree onerror signature
-        for target in (os.path.dirname(failed), failed):
-            try:
-                if not os.path.islink(target):  # never chmod through a link the code planted
-                    os.chmod(target, 0o700)
-            except OSError:
-                pass
-        try:
-            func(failed)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=fix)
-
-
 class SandboxSlot:
     """One isolated slot, owned by one live trajectory until the pool releases it.
 
@@ -146,13 +163,25 @@ class SandboxSlot:
         workspace: the slot's fresh private directory, the only place its commands can write.
         uid: the slot's own uid when the trainer runs as root (None otherwise).
         layer: the isolation layer its commands run under.
+        cgroup: the slot's own cgroup when one is in force (None otherwise).
     """
 
-    def __init__(self, pool: SandboxPool, workspace: Path, uid: int | None, lease: UidLease | None = None) -> None:
+    def __init__(
+        self,
+        pool: SandboxPool,
+        workspace: Path,
+        uid: int | None,
+        lease: UidLease | None = None,
+        *,
+        cgroup: SlotCgroup | None = None,
+        mounted: bool = False,
+    ) -> None:
         self.pool = pool
         self.workspace = workspace
         self.uid = uid
         self.layer = pool.layer
+        self.cgroup = cgroup
+        self._mounted = mounted
         self._lease = lease
         self.closed = False
 
@@ -183,14 +212,22 @@ class SandboxSlot:
         limits = cmdlines.rlimits(config, timeout, memory_mb or config.memory_mb)
         spawner = self.pool.spawner
         uid = self.uid
-        return execute(
-            spawner.argv(str(self.workspace), uid, limits, [str(a) for a in argv]),
-            env={"PATH": cmdlines.SAFE_PATH},
-            stdin=stdin,
-            timeout=timeout,
-            max_output_bytes=config.max_output_bytes if max_output_bytes is None else max_output_bytes,
-            kill=lambda proc: spawner.kill(proc, uid),
-        )
+        fd = spawner.seccomp_fd()
+        try:
+            return execute(
+                spawner.argv(
+                    str(self.workspace), uid, limits, [str(a) for a in argv], seccomp_fd=fd, cgroup=self.cgroup
+                ),  # fmt: skip
+                env={"PATH": cmdlines.SAFE_PATH},
+                stdin=stdin,
+                timeout=timeout,
+                max_output_bytes=config.max_output_bytes if max_output_bytes is None else max_output_bytes,
+                kill=lambda proc: spawner.kill(proc, uid),
+                pass_fds=(fd,) if fd is not None else (),
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def run_python(self, code: str, **kwargs) -> ExecResult:
         """Run Python `code` with the trainer's interpreter in isolated mode (-I), cwd = workspace.
@@ -212,20 +249,40 @@ class SandboxSlot:
                 os.fchown(f.fileno(), self.uid, self.uid)
         return self.run([sys.executable, "-I", str(script)], **kwargs)
 
-    def release(self) -> None:
-        """Kill anything left in the slot and remove its workspace (the pool calls this)."""
+    def release(self) -> list[str]:
+        """Kill anything left in the slot, clear what its uid left in the kernel, remove its workspace.
+
+        Never raises: every step runs whatever the others did, and the uid is freed only when
+        nothing of this slot could be left to its next owner. Returns the problems it logged.
+        """
         if self.closed:
-            return
+            return []
         self.closed = True
-        try:
-            # bwrap: nothing outlives a call (the pid namespace dies with it); the launcher layers can
-            # leave something only if the launcher itself was SIGKILLed, so sweep the slot uid.
-            if self.uid is not None and self.layer != "bwrap":
-                kill_uid(self.uid)
-            remove_tree(self.workspace)
-        finally:
-            if self._lease is not None:
-                self._lease.release()
+        problems: list[str] = []
+
+        def attempt(what: str, step) -> None:  # noqa: ANN001 - a zero-argument callable
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - one failed step must not skip the next ones
+                problems.append(f"{what}: {type(exc).__name__}: {exc}")
+
+        # bwrap: nothing outlives a call (the pid namespace dies with it); the launcher layers can
+        # leave something only if the launcher itself was SIGKILLed, so sweep the slot uid.
+        if self.uid is not None and self.layer != "bwrap":
+            attempt("kill slot uid", lambda: kill_uid(self.uid))
+        if self.cgroup is not None:
+            attempt("cgroup", lambda: self.pool.cgroups.give_back(self.cgroup))
+        if self.uid is not None:
+            attempt("SysV IPC", lambda: _raise_if(remove_ipc(self.uid)))
+        attempt("workspace", lambda: release_workspace(self.workspace, self._mounted))
+        ipc_clean = not any(p.startswith(("kill", "SysV")) for p in problems)
+        if self._lease is not None and ipc_clean:
+            self._lease.release()
+        elif self._lease is not None:
+            problems.append(f"uid {self.uid} kept out of use (its processes or IPC objects could not be cleared)")
+        for problem in problems:
+            logger.error("sandbox: releasing slot %s: %s", self.workspace, problem)
+        return problems
 
     def __enter__(self) -> SandboxSlot:
         return self
@@ -237,4 +294,9 @@ class SandboxSlot:
         return f"SandboxSlot(layer={self.layer!r}, workspace={str(self.workspace)!r}, uid={self.uid})"
 
 
-__all__ = ["SandboxSlot", "Spawner", "UidLease", "kill_uid", "make_workspace", "remove_tree"]
+def _raise_if(failures: list[str]) -> None:
+    if failures:
+        raise OSError("; ".join(failures))
+
+
+__all__ = ["SandboxSlot", "Spawner", "UidLease", "kill_uid", "private_dir"]

@@ -1,0 +1,185 @@
+"""Attacks on resources: memory outside rlimits (memfd), disk and inodes, CPU share, and a tree that breaks cleanup.
+
+Harm is measured on the host (bytes and entries in the workspace, processes in the slot's
+cpu group, whether the workspace is gone after release). Where the pool's report says a
+resource is NOT bounded on this host (no cgroup, no root for a tmpfs quota), harm is
+returned as a documented `gap` rather than a pass.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from .attack_support import AttackResult, Context, last_json, run_code
+from .slot import SandboxSlot
+
+
+def memfd_memory(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Memory the address-space limit never sees: pages written into memfds, 16 MB each, past the limit."""
+    limit = ctx.pool.config.memory_mb
+    target = limit + 128
+    result = run_code(slot, f"""
+        import json, os
+        held, fds = 0, []
+        chunk = b"\\1" * (1 << 20)
+        try:
+            while held < {target}:
+                fd = os.memfd_create("x")
+                fds.append(fd)
+                for _ in range(16):
+                    os.write(fd, chunk)
+                held += 16
+                print(json.dumps({{"held_mb": held}}), flush=True)
+        except OSError as exc:
+            print(json.dumps({{"held_mb": held, "stopped": str(exc)}}), flush=True)
+        """, timeout=60)  # fmt: skip
+    held = last_json(result).get("held_mb", 0)
+    harmed = held >= target
+    return AttackResult(
+        "memfd_memory", not harmed, f"held {held} MB in memfds (limit {limit} MB), exit={result.exit_code}"
+    )
+
+
+def disk_quota(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Fill the workspace past its size quota with 32 MB files, and past its inode quota with empty files."""
+    config = ctx.pool.config
+    size_mb, inodes = config.workspace_mb + 32, config.workspace_inodes + 256
+    result = run_code(slot, f"""
+        import json, os
+        out = {{"mb": 0, "files": 0}}
+        zeros = b"\\0" * (1 << 20)
+        try:
+            for i in range({size_mb} // 32 + 1):
+                with open(f"big{{i}}", "wb") as f:
+                    for _ in range(32):
+                        f.write(zeros)
+                        out["mb"] += 1
+        except OSError as exc:
+            out["mb_stopped"] = str(exc)
+        try:
+            os.mkdir("many")
+            for i in range({inodes}):
+                open(f"many/{{i}}", "w").close()
+                out["files"] += 1
+        except OSError as exc:
+            out["files_stopped"] = str(exc)
+        print(json.dumps(out))
+        """, timeout=60)  # fmt: skip
+    used, entries = _usage(slot.workspace)
+    harmed = used > config.workspace_mb << 20 or entries > config.workspace_inodes
+    detail = f"host sees {used >> 20} MB and {entries} entries (quota {config.workspace_mb} MB, "
+    detail += f"{config.workspace_inodes} inodes); code says {last_json(result)}"
+    gap = "no workspace quota (needs root and workspace_mb > 0)" if harmed and not ctx.pool.quota else ""
+    return AttackResult("disk_quota", not harmed, detail, gap)
+
+
+def _usage(root) -> tuple[int, int]:  # noqa: ANN001 - a Path
+    used = entries = 0
+    for directory, dirs, files in os.walk(root):
+        for name in files + dirs:
+            entries += 1
+            try:
+                used += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except OSError:
+                pass
+    return used, entries
+
+
+def cpu_share(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Six processes spin for a second; blocked when every one of them runs under the slot's cpu quota."""
+    group = slot.cgroup
+    cpu_dirs = (
+        [d for d in group.dirs if (d / "cpu.max").exists() or (d / "cpu.cfs_quota_us").exists()] if group else []
+    )
+    seen: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for d in cpu_dirs:
+                try:
+                    seen.append(len((d / "cgroup.procs").read_text().split()))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = run_code(slot, """
+            import json, os, time
+            start = time.monotonic()
+            pids = []
+            for _ in range(6):
+                pid = os.fork()
+                if pid == 0:
+                    end = time.monotonic() + 1.0
+                    while time.monotonic() < end:
+                        pass
+                    os._exit(0)
+                pids.append(pid)
+            for pid in pids:
+                os.waitpid(pid, 0)
+            t = os.times()
+            print(json.dumps({"cores_used": round((t.children_user + t.children_system) / (time.monotonic() - start), 2)}))
+            """, timeout=30)  # fmt: skip
+    finally:
+        done.set()
+        watcher.join()
+    quota = _quota_cores(cpu_dirs[0]) if cpu_dirs else None
+    contained = bool(cpu_dirs) and max(seen, default=0) >= 6
+    blocked = contained and quota is not None and quota <= ctx.pool.config.cpu_cores + 1e-6
+    detail = f"spinners in a cpu group: {contained} (quota {quota} cores); measured {last_json(result)}"
+    gap = "" if blocked or cpu_dirs else "no cpu cgroup here: CPU is bounded by RLIMIT_CPU and nice only"
+    return AttackResult("cpu_share", blocked, detail, gap)
+
+
+def _quota_cores(directory) -> float | None:  # noqa: ANN001 - a Path
+    try:
+        if (directory / "cpu.max").exists():
+            quota, period = (directory / "cpu.max").read_text().split()
+            return None if quota == "max" else int(quota) / int(period)
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        return None if quota < 0 else quota / int((directory / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+DEEP_TREE_CODE = """
+import os
+top = os.getcwd()
+os.mkdir("deep")
+os.chdir("deep")
+for i in range({depth}):  # deeper than PATH_MAX and than Python's recursion limit
+    os.mkdir("d")
+    os.chdir("d")
+    if i % 500 == 0:
+        open("f", "w").close()
+os.chdir(top)
+os.makedirs("locked/inner")
+for i in range(200):
+    open(f"locked/inner/{{i}}", "w").close()
+os.chmod("locked/inner", 0)
+os.chmod("locked", 0)
+os.symlink("/", "locked_link")
+print("BUILT")
+"""
+
+
+def deep_tree_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """A 3,000-deep tree and directories chmod-ed to 000: the host must still remove the workspace on release."""
+    result = run_code(slot, DEEP_TREE_CODE.format(depth=3000), timeout=60)
+    workspace = slot.workspace
+    before = ctx.pool.release_failures
+    try:
+        ctx.pool.release(slot)
+        crashed = ""
+    except Exception as exc:  # noqa: BLE001 - the harm this attack looks for
+        crashed = f"{type(exc).__name__}: {exc}"[:200]
+    left = os.path.lexists(workspace)
+    failed = ctx.pool.release_failures > before
+    blocked = "BUILT" in result.stdout and not left and not crashed and not failed
+    return AttackResult("deep_tree_cleanup", blocked, f"built={'BUILT' in result.stdout} release crashed={crashed!r} "
+                        f"workspace left={left} logged failure={failed}")  # fmt: skip

@@ -1,0 +1,171 @@
+"""The seccomp filter every confined layer shares: kernel surface a tool never needs, refused.
+
+Built as classic BPF with the standard library only, so the Landlock launcher (which runs
+under `python -I -S`) can install it with prctl, and bubblewrap can load the same program
+from a file descriptor (`--seccomp FD`). Refused with EPERM unless noted:
+
+- keyrings (add_key, request_key, keyctl): the trainer's session keyring is inherited and a
+  slot uid's user keyring outlives the call;
+- SysV IPC (shm, msg, sem) and POSIX message queues: objects outlive the call and the slot,
+  and their pages sit outside RLIMIT_AS;
+- new namespaces (unshare, setns, clone with CLONE_NEW*; clone3 answers ENOSYS so libc falls
+  back to clone): user namespaces would hand the code capabilities and mounts;
+- io_uring, userfaultfd, bpf, perf_event_open, file handles (open_by_handle_at escapes),
+  memfd_secret, and memfd_create when no memory cgroup charges its pages;
+- sockets outside an allow-list of address families (AF_VSOCK's port space is the host's);
+  on the Landlock layer also connect() and datagram unix sockets, which reach host unix
+  sockets by path (Landlock does not mediate them);
+- syscalls of a foreign ABI (i386 on x86_64) kill the process; x32 ones are refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+
+# Per architecture: AUDIT_ARCH and the syscall numbers the filter looks at.
+_NR = {
+    "x86_64": {
+        "arch": 0xC000003E,
+        "socket": 41,
+        "socketpair": 53,
+        "connect": 42,
+        "clone": 56,
+        "clone3": 435,
+        "memfd_create": 319,
+        "deny": {
+            "open_by_handle_at": 304, "name_to_handle_at": 303, "bpf": 321, "perf_event_open": 298,
+            "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249, "io_uring_setup": 425,
+            "io_uring_enter": 426, "io_uring_register": 427, "unshare": 272, "setns": 308, "memfd_secret": 447,
+            "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
+            "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "mq_open": 240,
+            "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
+        },
+    },
+    "aarch64": {
+        "arch": 0xC00000B7,
+        "socket": 198,
+        "socketpair": 199,
+        "connect": 203,
+        "clone": 220,
+        "clone3": 435,
+        "memfd_create": 279,
+        "deny": {
+            "open_by_handle_at": 265, "name_to_handle_at": 264, "bpf": 280, "perf_event_open": 241,
+            "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218, "io_uring_setup": 425,
+            "io_uring_enter": 426, "io_uring_register": 427, "unshare": 97, "setns": 268, "memfd_secret": 447,
+            "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semctl": 191,
+            "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "mq_open": 180,
+            "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185,
+        },
+    },
+}  # fmt: skip
+
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+SOCK_DGRAM = 2
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+CLONE_NEW_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+BWRAP_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)  # inet/netlink are confined by the network namespace
+LANDLOCK_FAMILIES = (AF_UNIX,)
+
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET, _ALU_AND = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
+_ALLOW, _KILL, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def machine() -> str:
+    """The kernel's architecture name (`uname -m`)."""
+    return platform.machine()
+
+
+def supported() -> bool:
+    """Whether the filter knows this architecture's syscall numbers."""
+    return machine() in _NR
+
+
+def denied_syscalls() -> list[str]:
+    """Names of the syscalls refused outright (for reports)."""
+    return sorted(_NR[machine()]["deny"]) if supported() else []
+
+
+def assemble(program: list[tuple]) -> bytes:
+    """Classic BPF from (code, k, jt, jf) rows, where jt/jf are offsets or label names, and ("label", name) markers."""
+    labels, rows = {}, []
+    for row in program:
+        if row[0] == "label":
+            labels[row[1]] = len(rows)
+        else:
+            rows.append(row)
+    out = b""
+    for index, (code, k, jt, jf) in enumerate(rows):
+        jt_off = labels[jt] - index - 1 if isinstance(jt, str) else jt
+        jf_off = labels[jf] - index - 1 if isinstance(jf, str) else jf
+        out += struct.pack("<HBBI", code, jt_off, jf_off, k & 0xFFFFFFFF)
+    return out
+
+
+def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -> bytes:
+    """The filter program (raw `struct sock_filter` rows) for one layer.
+
+    Args:
+        families: socket address families socket() may create; any other answers EAFNOSUPPORT.
+        allow_memfd: let memfd_create through (only when a memory cgroup charges its pages).
+        deny_connect: refuse connect() and datagram unix sockets (reach host sockets by path).
+    """
+    nr = _NR[machine()]
+    prog: list[tuple] = [(_LD_W_ABS, 4, 0, 0), (_JEQ, nr["arch"], 1, 0), (_RET, _KILL, 0, 0), (_LD_W_ABS, 0, 0, 0)]
+    if machine() == "x86_64":
+        prog.append((_JGE, 0x40000000, "eperm", 0))  # x32 syscalls: not needed, not filtered
+    for number in sorted(nr["deny"].values()):
+        prog.append((_JEQ, number, "eperm", 0))
+    if not allow_memfd:
+        prog.append((_JEQ, nr["memfd_create"], "eperm", 0))
+    if deny_connect:
+        prog.append((_JEQ, nr["connect"], "eperm", 0))
+    prog += [
+        (_JEQ, nr["clone3"], "enosys", 0),
+        (_JEQ, nr["clone"], "clone", 0),
+        (_JEQ, nr["socketpair"], "socketpair", 0),
+        (_JEQ, nr["socket"], "socket", "allow"),
+        ("label", "clone"),
+        (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the clone flags
+        (_JSET, CLONE_NEW_MASK, "eperm", "allow"),
+        ("label", "socketpair"),
+        (_LD_W_ABS, 16, 0, 0),
+        (_JEQ, AF_UNIX, "unix_type" if deny_connect else "allow", "eafnosupport"),
+        ("label", "socket"),
+        (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the address family
+    ]
+    for family in families:
+        target = "unix_type" if family == AF_UNIX and deny_connect else "allow"
+        prog.append((_JEQ, family, target, 0))
+    prog += [
+        ("label", "eafnosupport"),
+        (_RET, _ERRNO | errno.EAFNOSUPPORT, 0, 0),
+        ("label", "unix_type"),
+        (_LD_W_ABS, 24, 0, 0),  # args[1] (low half): the socket type and SOCK_* flags
+        (_ALU_AND, 0xF, 0, 0),
+        (_JEQ, SOCK_DGRAM, "eperm", "allow"),
+        ("label", "enosys"),
+        (_RET, _ERRNO | errno.ENOSYS, 0, 0),
+        ("label", "eperm"),
+        (_RET, _ERRNO | errno.EPERM, 0, 0),
+        ("label", "allow"),
+        (_RET, _ALLOW, 0, 0),
+    ]
+    return assemble(prog)
+
+
+def install(code: bytes) -> None:
+    """Load a filter built by `build` into this process (and its future children), with no_new_privs."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    filt = ctypes.create_string_buffer(code, len(code))
+    prog = ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(code) // 8, ctypes.addressof(filt)), 16)
+    for args, what in (((PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs"),
+                       ((PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp")):  # fmt: skip
+        if libc.prctl(*args) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {errno.errorcode.get(err, err)}")
