@@ -11,12 +11,18 @@ split (greedy pass@1) for strict accuracy: the right answer, with every turn in 
 under each accuracy-vs-step curve (trapezoids, divided by the steps, so 1.0 = always right) sums a run.
 Writes `credit.json` and `credit.png` to the output directory.
 
+Nothing finished is done twice: each run's curve is kept in `ARM-seedN.json` (and the untrained
+model's point in `start.json`) and reused when the budget matches, so an interrupted benchmark picks
+up where it stopped, and arms run by separate invocations (`--arms turn`) into one directory are
+reported together by a last invocation with every arm.
+
     agentic-grpo bench credit --seeds 0 1 --max-steps 30 --eval-every 10
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import subprocess
@@ -24,6 +30,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
+
+from agentic_grpo.benchmarks._stored import cached
 
 ARMS: dict[str, dict[str, Any]] = {
     "outcome": {"advantage": "outcome"},
@@ -70,6 +80,29 @@ def strict_accuracy(model: str, recipe_path: Path, questions: int) -> dict[str, 
     strict = [r["correct"] and r["final_answer"] is not None and r["malformed_turns"] == 0 for r in records]
     return {"strict_accuracy": sum(strict) / len(strict), "accuracy": metrics["accuracy"],
             "turns_mean": metrics["turns_mean"]}  # fmt: skip
+
+
+def train_and_evaluate(
+    recipe_path: Path, run_dir: Path, steps: list[int], start_point: dict[str, float], questions: int
+) -> dict[str, Any]:
+    """One real training run, then its strict accuracy at every saved step."""
+    began = time.time()
+    command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", str(recipe_path)]
+    subprocess.run(command, check=True, stdout=sys.stderr)  # stdout carries only the JSON
+    minutes = (time.time() - began) / 60
+    curve = [start_point]
+    for step in tqdm(steps[1:], desc=f"evaluating {run_dir.name}", file=sys.stderr):
+        checkpoint = run_dir / f"checkpoint-{step}"
+        curve.append(strict_accuracy(str(checkpoint if checkpoint.exists() else run_dir), recipe_path, questions))
+    accuracy = [point["strict_accuracy"] for point in curve]
+    return {
+        "steps": steps,
+        "strict_accuracy": accuracy,
+        "auc": area_under_curve(steps, accuracy),
+        "final": accuracy[-1],
+        "turns_mean": [point["turns_mean"] for point in curve],
+        "train_minutes": round(minutes, 2),
+    }
 
 
 def area_under_curve(steps: list[int], values: list[float]) -> float:
@@ -135,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     base_recipe = out / "base.yaml"
     base_recipe.write_text(yaml.safe_dump({**base, "output_dir": str(out / "eval")}))
     # Step 0 is the untrained model, the same for every arm and seed (greedy decoding): measured once.
-    start_point = strict_accuracy(base["model_name_or_path"], base_recipe, args.questions)
+    measure_start = functools.partial(strict_accuracy, base["model_name_or_path"], base_recipe, args.questions)
+    start_point = cached(out / "start.json", {"questions": args.questions, "recipe": base}, measure_start)
     result: dict[str, Any] = {"benchmark": "credit", "recipe": base_path.name, "seeds": args.seeds,
                               "max_steps": args.max_steps, "eval_steps": steps, "questions": args.questions,
                               "arms": {}}  # fmt: skip
@@ -147,24 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             recipe_path.write_text(
                 yaml.safe_dump(arm_recipe(base, arm, seed, args.max_steps, args.eval_every, run_dir))
             )
-            began = time.time()
-            command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", str(recipe_path)]
-            subprocess.run(command, check=True, stdout=sys.stderr)  # stdout carries only the JSON
-            minutes = (time.time() - began) / 60
-            curve = [start_point]
-            for step in steps[1:]:
-                checkpoint = run_dir / f"checkpoint-{step}"
-                curve.append(strict_accuracy(str(checkpoint if checkpoint.exists() else run_dir), recipe_path,
-                                             args.questions))  # fmt: skip
-            accuracy = [point["strict_accuracy"] for point in curve]
-            runs[str(seed)] = {
-                "steps": steps,
-                "strict_accuracy": accuracy,
-                "auc": area_under_curve(steps, accuracy),
-                "final": accuracy[-1],
-                "turns_mean": [point["turns_mean"] for point in curve],
-                "train_minutes": round(minutes, 2),
-            }
+            budget = {"recipe": yaml.safe_load(recipe_path.read_text()), "steps": steps, "questions": args.questions}
+            run = functools.partial(train_and_evaluate, recipe_path, run_dir, steps, start_point, args.questions)
+            runs[str(seed)] = cached(out / f"{arm}-seed{seed}.json", budget, run)
         auc_mean, auc_std = mean_std([r["auc"] for r in runs.values()])
         result["arms"][arm] = {"auc_mean": auc_mean, "auc_std": auc_std, "seeds": runs}
     result["command"] = " ".join(["agentic-grpo bench credit", *(argv if argv is not None else sys.argv[1:])])

@@ -4,6 +4,10 @@ Evaluates the untrained model on the recipe's held-out split, trains with the re
 (a real run per seed), evaluates each trained adapter or model on the same split, and
 reports the accuracies, the minutes, the peak memory and the seeds.
 
+Nothing finished is done twice: the untrained model's result and each seed's are kept next to the
+run directories (`<prefix>-<recipe>-before.json`, `<prefix>-<recipe>-seedN.json`) and reused when
+the recipe and budget match, so an interrupted benchmark picks up at the seed it stopped in.
+
 Strict scoring: a trajectory is correct only when its final answer, from a complete turn,
 is the reference number itself (commas, `$`, a unit word or a trailing period allowed; an
 expression such as `504 * 766` is not an answer), whatever the recipe's own rewards pay.
@@ -16,13 +20,16 @@ expression such as `504 * 766` is not an answer), whatever the recipe's own rewa
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import resource
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from agentic_grpo.benchmarks._stored import cached
 
 
 def strictly_correct(final_answer: str | None, gold: Any) -> bool:
@@ -62,15 +69,36 @@ def held_out(model: str, recipe: str, questions: int, k: int) -> dict:
     }
 
 
-def train(recipe: str, seed: int, output_dir: str, max_steps: int | None) -> float:
-    """Train one run in a child process; returns its minutes."""
+def train(recipe: str, seed: int, output_dir: str, max_steps: int | None) -> tuple[float, int]:
+    """Train one run in a child process; returns its minutes and its peak resident memory in MB."""
     command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", recipe, "--seed", str(seed),
                "--output_dir", output_dir, "--eval_before_after", "false", "--overwrite_output_dir", "true"]  # fmt: skip
     if max_steps:
         command += ["--max_steps", str(max_steps)]
     start = time.time()
-    subprocess.run(command, check=True, stdout=sys.stderr)  # stdout carries only the JSON
-    return (time.time() - start) / 60
+    child = subprocess.Popen(command, stdout=sys.stderr)  # stdout carries only the JSON
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not the largest of all children
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise subprocess.CalledProcessError(child.returncode, command)
+    return (time.time() - start) / 60, round(usage.ru_maxrss / 1024)
+
+
+def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Namespace, before: dict) -> dict:
+    """One seed: a real training run, then its strict held-out accuracy."""
+    minutes, peak_mb = train(recipe, seed, output_dir, args.max_steps)
+    after = held_out(output_dir, recipe, args.questions, args.k)
+    return {
+        "seed": seed,
+        "accuracy_after": after["strict_accuracy"],
+        "gain_points": round(100 * (after["strict_accuracy"] - before["strict_accuracy"]), 1),
+        "reward_accuracy_after": after["reward_accuracy"],
+        "tool_call_rate_after": after["tool_call_rate"],
+        "cut_rate_after": after["cut_rate"],
+        "train_minutes": round(minutes, 1),
+        "train_peak_memory_mb": peak_mb,
+        "output_dir": output_dir,
+    }
 
 
 def main() -> int:
@@ -92,22 +120,14 @@ def main() -> int:
     recipe = str(find_shipped(args.recipe, "recipes", ".yaml"))
     base_model = yaml.safe_load(Path(recipe).read_text())["model_name_or_path"]
     prefix = args.output_dir or str(Path("outputs") / "learning")
-    before = held_out(base_model, recipe, args.questions, args.k)  # greedy: the same for every seed
+    stem = f"{prefix}-{Path(recipe).stem}"
+    key = {"recipe": Path(recipe).read_text(), "questions": args.questions, "k": args.k}
+    measure_before = functools.partial(held_out, base_model, recipe, args.questions, args.k)
+    before = cached(Path(f"{stem}-before.json"), key, measure_before)  # greedy: the same for every seed
     runs = []
     for seed in seeds:
-        output_dir = f"{prefix}-{Path(recipe).stem}-seed{seed}"
-        minutes = train(recipe, seed, output_dir, args.max_steps)
-        after = held_out(output_dir, recipe, args.questions, args.k)
-        runs.append({
-            "seed": seed,
-            "accuracy_after": after["strict_accuracy"],
-            "gain_points": round(100 * (after["strict_accuracy"] - before["strict_accuracy"]), 1),
-            "reward_accuracy_after": after["reward_accuracy"],
-            "tool_call_rate_after": after["tool_call_rate"],
-            "cut_rate_after": after["cut_rate"],
-            "train_minutes": round(minutes, 1),
-            "output_dir": output_dir,
-        })  # fmt: skip
+        run = functools.partial(train_and_measure, recipe, seed, f"{stem}-seed{seed}", args, before)
+        runs.append(cached(Path(f"{stem}-seed{seed}.json"), {**key, "max_steps": args.max_steps}, run))
     gains = [r["gain_points"] for r in runs]
     result = {
         "benchmark": "learning",
@@ -124,7 +144,7 @@ def main() -> int:
         "gain_points_mean": round(sum(gains) / len(gains), 1),
         "gain_points_min": min(gains),
         "train_minutes_max": max(r["train_minutes"] for r in runs),
-        "train_peak_memory_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+        "train_peak_memory_mb": max(r["train_peak_memory_mb"] for r in runs),
         "command": " ".join(["agentic-grpo bench learning", *sys.argv[1:]]),
     }
     print(json.dumps(result, indent=2))

@@ -52,6 +52,17 @@ def test_four_arms_train_evaluate_and_report_auc_and_a_plot(tmp_path):
         assert "credit/frac_reward_zero_std/turn" in last_metrics(arm)
         assert yaml.safe_load((out / f"{arm}-seed0.yaml").read_text())["advantage"] == ARM_ADVANTAGE[arm]
 
+    # Nothing finished is redone: one arm asked for again comes from its stored curve, without training.
+    trained_at = (out / "turn-seed0" / "run.json").stat().st_mtime_ns
+    again = subprocess.run(
+        [sys.executable, "-m", "agentic_grpo.benchmarks.credit", "--recipe", str(tmp_path / "tiny.yaml"), "--arms",
+         "turn", "--seeds", "0", "--max-steps", "1", "--eval-every", "1", "--questions", "2", "--output-dir", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)["arms"] == {"turn": report["arms"]["turn"]}
+    assert (out / "turn-seed0" / "run.json").stat().st_mtime_ns == trained_at
+
 
 ARM_ADVANTAGE = {"outcome": "outcome", "outcome_sum": "outcome", "turn": "turn", "anchor": "anchor"}
 

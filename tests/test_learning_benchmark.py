@@ -28,3 +28,10 @@ def test_one_step_smoke_run_reports_accuracy_minutes_and_memory(tmp_path):
     report = json.loads(result.stdout)
     assert report["scoring"].startswith("strict") and [r["seed"] for r in report["runs"]] == [0]
     assert report["train_peak_memory_mb"] > 0 and report["runs"][0]["train_minutes"] >= 0
+
+    # Nothing finished is redone: the same command again reports the stored result without training.
+    trained_at = (tmp_path / "run-ci_tiny-seed0" / "run.json").stat().st_mtime_ns
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["runs"] == report["runs"]
+    assert (tmp_path / "run-ci_tiny-seed0" / "run.json").stat().st_mtime_ns == trained_at
