@@ -154,7 +154,8 @@ class RolloutManager:
             trajectory = trajectories[i]
             tokens = generation.token_ids[: room[i]]
             stop_reason = generation.stop_reason if len(tokens) == len(generation.token_ids) else "length"
-            trajectory.segments.append(Segment("model", tokens, self.tokenizer.decode(tokens)))
+            logprobs = generation.logprobs[: len(tokens)] if generation.logprobs is not None else None
+            trajectory.segments.append(Segment("model", tokens, self.tokenizer.decode(tokens), logprobs))
             trajectory.turns += 1
             if stop_reason == "length":
                 # A turn cut by a token budget is unfinished text: its "answer" may be a cut number

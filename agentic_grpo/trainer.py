@@ -48,10 +48,16 @@ STAGING_DIR = "partial-checkpoints"
 
 def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -> None:
     """Refuse set-ups that would train on wrong numbers, whoever builds the trainer (CLI or user code)."""
-    if args.use_vllm and args.vllm_importance_sampling_correction:
+    sharded_vllm = args.use_vllm and (args.vllm_mode == "server" or args.vllm_tensor_parallel_size > 1)
+    if sharded_vllm and args.world_size > 1:
+        # TRL gathers every process's prompts for each generate call and hands each process the slice at
+        # `process_index * len(its prompts)`, which is only right when every process has the same number of
+        # live trajectories at every turn; in a multi-turn rollout they finish at different turns.
         raise ValueError(
-            "`use_vllm: true` needs `vllm_importance_sampling_correction: false`: multi-turn trajectories do not "
-            "carry vLLM's sampling log-probs yet (TRL recomputes the old log-probs with the policy instead)"
+            f"vLLM in `{args.vllm_mode}` mode with tensor_parallel_size {args.vllm_tensor_parallel_size} across "
+            f"{args.world_size} processes would hand some process another process's completions (processes have "
+            "different numbers of live trajectories per turn): use `vllm_mode: colocate` with "
+            "`vllm_tensor_parallel_size: 1` (one engine per process), or a single training process"
         )
     per_process = args.per_device_train_batch_size * args.steps_per_generation
     group_rewards = [getattr(f, "__name__", repr(f)) for f in reward_funcs if getattr(f, "needs_whole_groups", False)]
@@ -203,10 +209,22 @@ class AgenticGRPOTrainer(GRPOTrainer):
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
-            "logprobs": None,  # HF generate: TRL recomputes log-probs itself when it needs them
+            "logprobs": self._sampling_logprobs(trajectories),
             "env_mask": [masked_loss_mask(t, self.mask_truncated_by_finish_reason) for t in trajectories],
             "trajectory": trajectories,
         }
+
+    def _sampling_logprobs(self, trajectories: list[Trajectory]) -> list[list[float]] | None:
+        """Each completion's sampling log-probs (vLLM), or None (HF generate: TRL recomputes them when needed)."""
+        logprobs = [t.completion_logprobs for t in trajectories]
+        if all(lp is not None for lp in logprobs):
+            return logprobs
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            raise RuntimeError(
+                "`vllm_importance_sampling_correction` needs the sampling log-prob of every generated token, and the "
+                "generation backend returned none for some turns: set `vllm_importance_sampling_correction: false`"
+            )
+        return None
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         start = time.perf_counter()

@@ -49,6 +49,9 @@ class Segment:
     role: SegmentRole
     token_ids: list[int]
     text: str
+    logprobs: list[float] | None = None
+    """The sampling log-prob of each token of a `model` segment, when the backend reports them (vLLM):
+    what TRL's importance-sampling correction compares the trainer's own log-probs with."""
 
     @property
     def trainable(self) -> bool:
@@ -123,6 +126,15 @@ class Trajectory:
         return [t for s in self.completion_segments for t in s.token_ids]
 
     @property
+    def completion_logprobs(self) -> list[float] | None:
+        """Sampling log-probs aligned with `completion_ids` (0.0 on tool tokens, which the loss masks), or
+        None when a model segment has none."""
+        segments = self.completion_segments
+        if any(s.trainable and s.logprobs is None for s in segments):
+            return None
+        return [lp for s in segments for lp in (s.logprobs if s.trainable else [0.0] * len(s.token_ids))]
+
+    @property
     def loss_mask(self) -> list[int]:
         """1 for every completion token the model sampled, 0 for tool output tokens."""
         return [int(s.trainable) for s in self.completion_segments for _ in s.token_ids]
@@ -140,7 +152,7 @@ class Trajectory:
         """A JSON-ready record (token ids included) for trajectory files and `agentic-grpo show`."""
         return {
             "prompt": self.prompt,
-            "segments": [asdict(s) for s in self.segments],
+            "segments": [{k: v for k, v in asdict(s).items() if v is not None} for s in self.segments],
             "tool_calls": [{"call": asdict(c), "result": asdict(r)} for c, r in self.tool_calls],
             "final_answer": self.final_answer,
             "finish_reason": self.finish_reason,

@@ -10,13 +10,15 @@ before it calls our `rollout_func`, once per optimizer step.
 
 Token ids in, token ids out, as for the HF backends: vLLM takes `prompt_token_ids`.
 
-Limits:
-- In `server` mode TRL gathers the prompts of all processes in every call, so all
-  processes must call `generate` equally often; with one process, or in `colocate`
-  mode with tensor_parallel_size 1, each process is independent.
-- The trajectories do not carry vLLM's sampling log-probs yet, so TRL's importance
-  sampling correction must be off (`vllm_importance_sampling_correction: false`);
-  TRL then recomputes the old log-probs with the policy.
+Each turn's sampling log-probs (top-1 per position: the sampled token's) stay with the
+model segment they belong to, so TRL's importance-sampling correction compares them with
+the trainer's own log-probs (tool tokens carry 0.0 and are masked).
+
+Limit: in `server` mode, or with tensor parallelism, TRL gathers the prompts of all
+processes in every call and hands each process the slice at its rank, which is only right
+when every process has the same number of live trajectories at every turn. A multi-turn
+rollout does not, so `check_trainer_setup` refuses that layout with several processes;
+colocate mode with tensor_parallel_size 1 keeps each process's engine to itself.
 """
 
 from __future__ import annotations

@@ -152,8 +152,7 @@ def test_lora_trainer_keeps_no_reference_model(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("override", "env", "message"),
     [
-        (["--use_vllm", "true"], {}, "needs `vllm_importance_sampling_correction: false`"),
-        (["--use_vllm", "true", "--vllm_importance_sampling_correction", "false"], {}, "vllm is not installed"),
+        (["--use_vllm", "true"], {}, "vllm is not installed"),
         ([], {"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed needs CUDA GPUs"),
         (["--deepspeed", "DS_JSON"], {}, "DeepSpeed needs CUDA GPUs"),
         (["--resume_from_checkpoint", "NOT_A_CHECKPOINT"], {}, "is not a checkpoint (it has no trainer_state.json)"),

@@ -72,10 +72,68 @@ def test_trainer_rolls_out_again_after_train(trainer):
     assert trainer.sandbox_pool.live_slots == 0
 
 
-def test_vllm_with_importance_sampling_correction_is_refused_by_the_trainer_itself(tiny_model_dir, tmp_path):
-    args = config(tmp_path, use_vllm=True, vllm_importance_sampling_correction=True)
-    with pytest.raises(ValueError, match="needs `vllm_importance_sampling_correction: false`"):
-        AgenticGRPOTrainer(model=tiny_model_dir, reward_funcs=[exact], args=args, train_dataset=Dataset.from_list([]))
+class LogprobBackend(ScriptedBackend):
+    """Scripted text with a made-up sampling log-prob per token, as the vLLM backend reports them."""
+
+    def generate(self, batch, stop, max_new_tokens):
+        generations = super().generate(batch, stop, max_new_tokens)
+        for generation in generations:
+            generation.logprobs = [-0.5 - 0.01 * k for k in range(len(generation.token_ids))]
+        return generations
+
+
+def keep_trajectories(trainer) -> list:
+    """The trajectories of the next rollout, as TRL's `rollout_func` returns them."""
+    kept: list = []
+    rollout = trainer.rollout_func
+
+    def keeping(prompts, trl_trainer):
+        output = rollout(prompts, trl_trainer)
+        kept.extend(output["trajectory"])
+        return output
+
+    trainer.rollout_func = keeping
+    return kept
+
+
+def test_sampling_logprobs_reach_trl_aligned_with_the_completion_and_zero_on_tool_tokens(trainer):
+    trainer, rows = trainer
+    trainer.generation_backend = LogprobBackend(trainer.processing_class, SCRIPTS)
+    trajectories = keep_trajectories(trainer)
+    output = trainer._generate_and_score_completions(rows * 2)
+    sampled = output["sampling_per_token_logps"]  # TRL's padded (B, T) tensor, built from our `logprobs`
+    assert any(s.role == "tool" for t in trajectories for s in t.segments)  # the code case ran its tool
+    for row, trajectory in enumerate(trajectories):
+        expected = []
+        for segment in trajectory.completion_segments:
+            n = len(segment.token_ids)
+            expected += [-0.5 - 0.01 * k for k in range(n)] if segment.role == "model" else [0.0] * n
+        assert sampled[row, : len(expected)].tolist() == pytest.approx(expected)
+
+
+def test_importance_sampling_without_sampling_logprobs_stops_with_a_clear_error(trainer):
+    trainer, rows = trainer
+    trajectories = keep_trajectories(trainer)
+    trainer._generate_and_score_completions(rows * 2)  # HF generate: no sampling log-probs, TRL recomputes
+    assert trainer._sampling_logprobs(trajectories) is None
+    # vLLM cannot run on this CPU machine, so the two flags the vLLM path would set are set by hand.
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    with pytest.raises(RuntimeError, match="needs the sampling log-prob of every generated token"):
+        trainer._sampling_logprobs(trajectories)
+
+
+def test_vllm_sharded_over_processes_is_refused():
+    # Server mode (or tensor parallelism) with several processes: TRL would slice another process's completions.
+    layout = dict(per_device_train_batch_size=8, steps_per_generation=1, num_generations=4, world_size=2,
+                  use_vllm=True, vllm_mode="server", vllm_tensor_parallel_size=1)  # fmt: skip
+    with pytest.raises(ValueError, match="would hand some process another process's completions"):
+        check_trainer_setup(SimpleNamespace(**layout), [exact])
+    with pytest.raises(ValueError, match="tensor_parallel_size 2"):
+        check_trainer_setup(
+            SimpleNamespace(**{**layout, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2}), [exact]
+        )
+    check_trainer_setup(SimpleNamespace(**{**layout, "vllm_mode": "colocate"}), [exact])
+    check_trainer_setup(SimpleNamespace(**{**layout, "world_size": 1}), [exact])
 
 
 class GroupJudge:
@@ -88,7 +146,7 @@ class GroupJudge:
 def test_group_scoring_rewards_refuse_groups_split_across_processes():
     # The layout of a 2-process launch (world_size is read from the launcher, so it is spelled out here).
     split = SimpleNamespace(per_device_train_batch_size=6, steps_per_generation=1, num_generations=4, world_size=2,
-                            use_vllm=False)  # fmt: skip
+                            use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1)  # fmt: skip
     with pytest.raises(ValueError, match=r"\['group_judge'\] score each query's 4 samples together.*holds 6 samples"):
         check_trainer_setup(split, [GroupJudge()])
     check_trainer_setup(SimpleNamespace(**{**vars(split), "per_device_train_batch_size": 8}), [GroupJudge()])
