@@ -143,16 +143,15 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from datasets import load_dataset
 
-    from agentic_grpo.config import read_recipe
-    from agentic_grpo.data import check_columns, load_task_data
-    from agentic_grpo.evaluate import evaluate, load_policy, write_report
-    from agentic_grpo.reward_setup import build_rewards
-    from agentic_grpo.run_parts import build_rollout_parts
+    from agentic_grpo.data import check_columns
+    from agentic_grpo.evaluate import EvaluationError, evaluate, load_policy, write_report
+    from agentic_grpo.reward_setup import check_reward_columns
+    from agentic_grpo.run_parts import build_recipe
 
     try:
-        recipe, config, _ = read_recipe(["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
-        parts = build_rollout_parts(config)
-        rewards, _ = build_rewards(recipe.rewards)
+        built = build_recipe(
+            ["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"], load_data=not args.data
+        )
         if args.data and args.data.startswith("reasoning_gym:"):
             from datasets import Dataset
 
@@ -164,11 +163,11 @@ def _eval(args: argparse.Namespace) -> int:
                 raise ValueError(f"--data file `{args.data}` does not exist")
             rows = load_dataset("json", data_files=args.data, split="train")
         else:
-            train, test = load_task_data(recipe.dataset)
-            rows = train if args.split == "train" else test
+            rows = built.train if args.split == "train" else built.test
             if rows is None:
                 raise ValueError(f"recipe `{args.recipe}` has no test split: pass --data or --split train")
-        check_columns(rows, ["question", "answer"], "evaluation data")
+        check_columns(rows, ["question"], "evaluation data")
+        check_reward_columns(built.rewards, rows.column_names, "evaluation data")
         rows = list(rows)[: args.limit] if args.limit else list(rows)
         if args.k < 1:
             raise ValueError("-k must be at least 1")
@@ -176,12 +175,19 @@ def _eval(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    metrics, records = evaluate(model, tokenizer, parts, rewards, rows, k=args.k, temperature=args.temperature,
-                                top_p=config.top_p, batch_size=args.batch_size)  # fmt: skip
-    metrics["model"] = args.model
     output = args.output or (
         str(Path(args.model) / "eval.json") if Path(args.model).is_dir() else "outputs/eval/eval.json"
     )
+    try:
+        metrics, records = evaluate(model, tokenizer, built.rollout_parts, built.rewards, rows, k=args.k,
+                                    temperature=args.temperature, top_p=built.config.top_p,
+                                    batch_size=args.batch_size)  # fmt: skip
+    except EvaluationError as exc:  # a reward raised: the trajectories are what its author needs to debug it
+        write_report(output, {"model": args.model, "error": str(exc)}, exc.records)
+        print(f"error: {exc}\nThe trajectories are in {Path(output).with_suffix('.trajectories.jsonl')}; "
+              "`on_reward_error: none` in the recipe gives None for a raising reward instead", file=sys.stderr)  # fmt: skip
+        return 1
+    metrics["model"] = args.model
     write_report(output, metrics, records)
     print(json.dumps(metrics, indent=2))
     print(f"report: {output} (trajectories beside it)")

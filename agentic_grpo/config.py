@@ -19,6 +19,10 @@ import yaml
 from trl import GRPOConfig, ModelConfig, TrlParser
 
 from agentic_grpo.resources import find_shipped
+from agentic_grpo.sandbox.config import SandboxConfig
+
+# The sandbox owns the defaults of its budgets; the recipe fields that set them take those defaults.
+_SANDBOX_DEFAULTS = SandboxConfig.__dataclass_fields__
 
 
 @dataclass
@@ -70,7 +74,11 @@ class AgenticGRPOConfig(GRPOConfig):
         default=256,
         metadata={"help": "Token budget of one tool output; longer output keeps head and tail around a cut marker."},
     )
-    tool_timeout: float = field(default=10.0, metadata={"help": "Wall-clock seconds allowed per tool call."})
+    tool_timeout: float = field(
+        default=_SANDBOX_DEFAULTS["timeout_s"].default,
+        metadata={"help": "Wall-clock seconds allowed per tool call; code tools: the sandbox's deadline, which kills "
+                  "the process tree and returns what the code printed."},
+    )  # fmt: skip
     tool_workers: int = field(default=16, metadata={"help": "Tool calls run at once (threads; code runs sandboxed)."})
     advantage: str = field(
         default="outcome",
@@ -96,9 +104,14 @@ class AgenticGRPOConfig(GRPOConfig):
             "`unsafe-local` (no isolation: an explicit opt-in, warned about every run)."
         },
     )
-    sandbox_memory_mb: int = field(default=1024, metadata={"help": "Address-space limit of sandboxed code, in MB."})
+    sandbox_memory_mb: int = field(
+        default=_SANDBOX_DEFAULTS["memory_mb"].default,
+        metadata={"help": "Memory limit of sandboxed code, in MB (address space per process; with a memory cgroup "
+                  "also the slot's total)."},
+    )  # fmt: skip
     sandbox_workspace_mb: int = field(
-        default=256, metadata={"help": "Total size of a trajectory's sandbox workspace, in MB (0 = no total cap)."}
+        default=_SANDBOX_DEFAULTS["workspace_mb"].default,
+        metadata={"help": "Total size of a trajectory's sandbox workspace, in MB (0 = no total cap)."},
     )
     save_trajectories_steps: int = field(
         default=1,

@@ -11,7 +11,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, load_dataset
 
-from agentic_grpo.plugins import import_object
+from agentic_grpo.plugins import check_options, import_object
 
 
 def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset | None]:
@@ -36,12 +36,15 @@ def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset 
         train, test = Dataset.from_list(splits["train"]), Dataset.from_list(splits["test"])
         return train, (test if len(test) else None)
     if "generator" in spec:
-        generator = import_object(spec.pop("generator"), what="dataset generator")
+        path = spec.pop("generator")
+        generator = import_object(path, what="dataset generator")
+        check_options(generator, spec, f"recipe `dataset` generator `{path}`")
         splits = generator(**spec)
         train, test = Dataset.from_list(splits["train"]), Dataset.from_list(splits.get("test", []))
         return train, (test if len(test) else None)
     test_split = spec.pop("test_split", None)
     split = spec.pop("split", "train")
+    check_load_dataset_options(spec)
     try:
         loaded = load_dataset(**spec)
     except Exception as exc:  # noqa: BLE001 - one message naming the spec beats a datasets traceback
@@ -55,6 +58,20 @@ def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset 
         parts = loaded.train_test_split(test_size=test_split, seed=0)
         loaded, test = parts["train"], parts["test"]
     return loaded, test
+
+
+def check_load_dataset_options(spec: dict[str, Any]) -> None:
+    """A key that is not an argument of `load_dataset` but close to one is a typo (`data_file`); other unknown keys
+    go on to the dataset builder's config, as `load_dataset` passes them."""
+    import difflib
+    import inspect
+
+    parameters = inspect.signature(load_dataset).parameters
+    known = [n for n, p in parameters.items() if p.kind is not p.VAR_KEYWORD] + ["test_split"]
+    for key in spec:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+        if key not in known and close:
+            raise ValueError(f"recipe `dataset`: option `{key}` is not known; did you mean `{close[0]}`?")
 
 
 def check_columns(dataset: Dataset, required: list[str], where: str) -> None:

@@ -98,11 +98,11 @@ class ToolEnvironment:
         return copy.deepcopy(list(_schemas_of(cls).values()))
 
     def execute(self, call: ToolCall, timeout: float) -> ToolResult:
-        """Run one call within `timeout` seconds; every failure becomes a `ToolResult` the model can read.
+        """Run one call; every failure becomes a `ToolResult` the model can read.
 
-        A pure tool gets `timeout` as its wall limit. A code tool's deadline belongs to its sandbox,
-        which kills the process tree and returns what the code printed; here it only gets a safety
-        net `SANDBOX_GRACE_S` later, for a sandbox that does not answer at all.
+        A pure tool gets `timeout` seconds. A code tool's deadline belongs to its sandbox slot alone
+        (`self.sandbox.timeout_s`), which kills the process tree and returns what the code printed; here it
+        only gets a safety net `SANDBOX_GRACE_S` after that deadline, for a sandbox that does not answer.
         """
         start = time.perf_counter()
         tools = self.tools()
@@ -126,7 +126,11 @@ class ToolEnvironment:
         worker = threading.Thread(target=run, daemon=True, name=f"tool-{call.name}")
         self._workers = [w for w in self._workers if w.is_alive()] + [worker]
         worker.start()
-        worker.join(timeout + SANDBOX_GRACE_S if self.needs_sandbox else timeout)
+        if self.needs_sandbox and self.sandbox is not None:
+            timeout = self.sandbox.timeout_s  # reported below if even the safety net fires
+            worker.join(timeout + SANDBOX_GRACE_S)
+        else:
+            worker.join(timeout)
         if worker.is_alive():
             return ToolResult(
                 output=f"Error: `{call.name}` timed out after {timeout:g} s.",

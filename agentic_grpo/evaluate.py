@@ -19,6 +19,14 @@ from agentic_grpo.run_parts import RolloutParts
 from agentic_grpo.trajectory import Trajectory
 
 
+class EvaluationError(RuntimeError):
+    """A reward raised while scoring an evaluation; `records` holds every trajectory, unscored."""
+
+    def __init__(self, message: str, records: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.records = records
+
+
 def load_policy(path: str) -> tuple[Any, Any]:
     """Model and tokenizer from a model directory, hub id, alias, or LoRA adapter directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,8 +55,14 @@ def evaluate(
     top_p: float = 1.0,
     batch_size: int = 16,
     progress: bool = True,
+    sandbox_pool: Any = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Metrics over `rows` and one record per trajectory; greedy when k == 1, sampling otherwise."""
+    """Metrics over `rows` and one record per trajectory; greedy when k == 1, sampling otherwise.
+
+    Code tools run in `sandbox_pool` when given (a trainer's own, so one process never holds two pools that
+    compete for the per-slot cgroups), otherwise in a pool opened and closed here. Raises `EvaluationError`,
+    carrying the unscored trajectories, when a reward raises.
+    """
     from transformers import GenerationConfig
 
     from agentic_grpo.backends import TransformersBackend
@@ -67,7 +81,8 @@ def evaluate(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos_ids,
     )
-    pool = parts.sandbox_pool(rank=0)
+    own_pool = sandbox_pool is None
+    pool = parts.sandbox_pool(rank=0) if own_pool else sandbox_pool
     manager = parts.rollout_manager(tokenizer, pool)
     backend = TransformersBackend(model.eval(), tokenizer, generation_config, eos_ids)
     repeated = [row for row in rows for _ in range(k)]
@@ -80,10 +95,14 @@ def evaluate(
             trajectories.extend(done)
     finally:
         manager.close()
-        if pool is not None:
+        if own_pool and pool is not None:
             pool.close()
 
-    scores = score_trajectories(rewards, trajectories, repeated)
+    try:
+        scores = score_trajectories(rewards, trajectories, repeated)
+    except Exception as exc:
+        records = [{**t.to_dict(), "row": _plain(row)} for t, row in zip(trajectories, repeated, strict=True)]
+        raise EvaluationError(f"a reward raised {type(exc).__name__}: {exc}", records) from exc
     correct = [s is not None and s >= 1.0 for s in next(iter(scores.values()))]
     per_question = [any(correct[i * k : (i + 1) * k]) for i in range(len(rows))]
     calls = [r for t in trajectories for _, r in t.tool_calls]
@@ -105,10 +124,14 @@ def evaluate(
         metrics[f"rewards/{name}/mean"] = sum(given) / len(given) if given else None
     records = []
     for i, (trajectory, row) in enumerate(zip(trajectories, repeated, strict=True)):
-        plain = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
         per_reward = {name: values[i] for name, values in scores.items()}
-        records.append({**trajectory.to_dict(), "row": plain, "rewards": per_reward, "correct": correct[i]})
+        records.append({**trajectory.to_dict(), "row": _plain(row), "rewards": per_reward, "correct": correct[i]})
     return metrics, records
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's JSON-ready columns (what a record keeps of it)."""
+    return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
 
 
 def score_trajectories(
@@ -144,12 +167,30 @@ def write_report(path: str | Path, metrics: dict[str, Any], records: list[dict[s
             f.write(json.dumps(record, default=str) + "\n")
 
 
+def evaluate_held_out(model: str, recipe: str | Path, questions: int, k: int = 1) -> tuple[dict, list[dict]]:
+    """`model` (a path, alias or adapter) on the first `questions` rows of a recipe's test split, with the recipe's
+    own parts and rewards: what the benchmarks measure before and after training."""
+    import tempfile
+
+    from agentic_grpo.run_parts import build_recipe
+
+    built = build_recipe(
+        ["--config", str(recipe), "--output_dir", str(Path(tempfile.gettempdir()) / "agentic-grpo-eval")]
+    )
+    if built.test is None:
+        raise ValueError(f"recipe `{recipe}` has no held-out split: set `num_test` (or `test_split`)")
+    policy, tokenizer = load_policy(model)
+    rows = list(built.test)[:questions]
+    return evaluate(policy, tokenizer, built.rollout_parts, built.rewards, rows, k=k, progress=False)
+
+
 def held_out_accuracy(trainer: Any, rewards: list, rows: list[dict[str, Any]]) -> dict[str, float]:
     """Greedy pass@1 of the trainer's current policy on `rows` (run on the main process of a one-process run)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     was_training = model.training
     try:
-        metrics, _ = evaluate(model, trainer.processing_class, trainer.rollout_parts, rewards, rows, k=1)
+        metrics, _ = evaluate(model, trainer.processing_class, trainer.rollout_parts, rewards, rows, k=1,
+                              sandbox_pool=trainer.sandbox_pool)  # fmt: skip
     finally:
         model.train(was_training)
     return metrics

@@ -91,6 +91,14 @@ def check_reward_columns(rewards: list[Callable], columns: list[str], where: str
             )
 
 
+def guard_rewards(rewards: list[Callable], on_reward_error: str) -> list[Callable]:
+    """The rewards as the recipe field `on_reward_error` wants them: unchanged for `raise`, each returning
+    None for a batch it raises on for `none`. Guarding twice changes nothing (the CLI and the trainer both call it)."""
+    if on_reward_error == "raise":
+        return list(rewards)
+    return [r if getattr(r, "none_on_error", False) else returning_none_on_error(r) for r in rewards]
+
+
 def returning_none_on_error(func: Callable) -> Callable:
     """`func`, but a raised exception is logged and the batch gets `None` (no reward) instead."""
 
@@ -108,6 +116,7 @@ def returning_none_on_error(func: Callable) -> Callable:
                 return fallback(exc, kwargs)
 
         guarded_async.__name__ = func.__name__
+        guarded_async.none_on_error = True
         return guarded_async
 
     @functools.wraps(func)
@@ -118,4 +127,5 @@ def returning_none_on_error(func: Callable) -> Callable:
             return fallback(exc, kwargs)
 
     guarded.__name__ = func.__name__
+    guarded.none_on_error = True
     return guarded

@@ -255,7 +255,7 @@ class RolloutManager:
             environment.close()
         finally:
             # A call that outlived its guard may still be inside the slot; the sandbox's own deadline ends it.
-            if slot is not None and environment.wait_idle(self.limits.tool_timeout + SANDBOX_GRACE_S):
+            if slot is not None and environment.wait_idle(slot.timeout_s + SANDBOX_GRACE_S):
                 self.sandbox_pool.release(slot)
             elif slot is not None:
                 logger.error("a tool call is still running in sandbox slot %s; the slot is kept, not reused", slot)

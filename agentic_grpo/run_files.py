@@ -93,12 +93,24 @@ def previous_run(output_dir: str | Path) -> str | None:
     return f"{status}; holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}"
 
 
+# What `trainer.save_model` writes into `output_dir` itself (a full model or a LoRA adapter, its config,
+# tokenizer and model card): removed with an earlier run's files only when `run.json` marks the folder as one.
+MODEL_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "adapter_config.json",
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "chat_template.jinja", "training_args.bin", "README.md",
+)  # fmt: skip
+
+
 def clear_previous_run(output_dir: str | Path) -> None:
-    """Delete the files of an earlier run (what `previous_run` finds), nothing else of the folder."""
+    """Delete the files of an earlier run (what `previous_run` finds, and the model it saved), nothing else."""
     import shutil
 
     folder = Path(output_dir)
-    for path in [folder / name for name in RUN_FILES] + list(folder.glob("checkpoint-*")):
+    paths = [folder / name for name in RUN_FILES] + list(folder.glob("checkpoint-*"))
+    if (folder / "run.json").is_file():
+        paths += [folder / name for name in MODEL_FILES] + list(folder.glob("model-*-of-*.safetensors"))
+    for path in paths:
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():

@@ -1,9 +1,10 @@
-"""A recipe's rollout side, built once: the environment, the format, the budgets and the sandbox.
+"""A recipe, built once into what a run needs: `build_recipe`.
 
-Training (`AgenticGRPOTrainer`), evaluation (`agentic-grpo eval`, `eval_before_after`) and
-the benchmarks all receive the same `RolloutParts`; none of them rebuilds the environment
-or the format from the config on its own. Rewards are built once beside it
-(`agentic_grpo.reward_setup.build_rewards`).
+`build_recipe` reads a recipe and builds its rollout side (`RolloutParts`: the environment,
+the format, the budgets, the sandbox), its rewards with their weights, and its data, and runs
+every check that does not need the model (options, columns, weights). Training
+(`agentic_grpo.train.prepare`), evaluation (`agentic-grpo eval`, `eval_before_after`), the
+benchmarks and the reward audit all start from it; none of them rebuilds a part on its own.
 """
 
 from __future__ import annotations
@@ -57,6 +58,53 @@ class RolloutParts:
 
     def rollout_manager(self, tokenizer: Any, sandbox_pool: Any = None) -> RolloutManager:
         return RolloutManager(self.make_environment, self.trajectory_format, tokenizer, self.limits, sandbox_pool)
+
+
+@dataclass
+class BuiltRecipe:
+    """A recipe turned into what a run needs, once (`build_recipe`)."""
+
+    recipe: Any
+    """The `RecipeArguments` (data and reward specs)."""
+    config: Any
+    """The `AgenticGRPOConfig`; its `reward_weights` are the rewards' weights."""
+    model_config: Any
+    """TRL's `ModelConfig` (model path, dtype, LoRA)."""
+    rollout_parts: RolloutParts
+    rewards: list[Callable]
+    """Reward functions, in recipe order; with `on_reward_error: none` each gives None when it raises."""
+    train: Any = None
+    """The training `Dataset` (None when built with `load_data=False`)."""
+    test: Any = None
+    """The held-out `Dataset`, or None when the recipe has no test split."""
+
+
+def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dict] | None = None) -> BuiltRecipe:
+    """Read a recipe (`--config PATH_OR_NAME` plus overrides) and build its parts, rewards and data, checked.
+
+    `reward_specs` replaces the recipe's `rewards:` list (the reward audit points judges at another endpoint).
+
+    Raises ValueError (or `PluginError`, a ValueError) with one message naming what is wrong, before any
+    model is loaded: an unknown field or option, a plug-in that does not import, a column a reward needs.
+    """
+    from agentic_grpo.config import read_recipe
+    from agentic_grpo.data import check_columns, load_task_data
+    from agentic_grpo.reward_setup import build_rewards, check_reward_columns, guard_rewards
+
+    recipe, config, model_config = read_recipe(argv)
+    parts = build_rollout_parts(config)
+    rewards, weights = build_rewards(recipe.rewards if reward_specs is None else reward_specs)
+    if config.reward_weights is not None and len(config.reward_weights) != len(rewards):
+        raise ValueError(f"`reward_weights` has {len(config.reward_weights)} values for {len(rewards)} rewards")
+    config.reward_weights = weights
+    built = BuiltRecipe(recipe, config, model_config, parts, guard_rewards(rewards, config.on_reward_error))
+    if load_data:
+        built.train, built.test = load_task_data(recipe.dataset)
+        for where, rows in (("training data", built.train), ("test data", built.test)):
+            if rows is not None:
+                check_columns(rows, ["question"], where)
+                check_reward_columns(rewards, rows.column_names, where)
+    return built
 
 
 def build_rollout_parts(config: Any) -> RolloutParts:

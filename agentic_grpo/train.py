@@ -57,6 +57,7 @@ class PreparedRun:
     train: Any
     test: Any
     peft_config: Any
+    quantization_config: Any
     argv: list[str]
 
 
@@ -65,17 +66,16 @@ def prepare(argv: list[str]) -> PreparedRun:
     from transformers import set_seed
     from trl import get_peft_config
 
-    from agentic_grpo.config import read_recipe
-    from agentic_grpo.data import add_prompts, check_columns, load_task_data
+    from agentic_grpo.data import add_prompts
     from agentic_grpo.models import resolve_model
-    from agentic_grpo.reward_setup import build_rewards, check_reward_columns, returning_none_on_error
-    from agentic_grpo.run_parts import build_rollout_parts
+    from agentic_grpo.run_parts import build_recipe
     from agentic_grpo.trainer import check_trainer_setup
 
     use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group
     check_no_deepspeed_without_cuda(os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true")
     try:
-        recipe, config, model_config = read_recipe(argv)
+        # Plug-ins and data first: a misspelled option or a missing column is reported before a model loads.
+        built = build_recipe(argv)
     except ImportError as exc:  # TrainingArguments requires deepspeed when `--deepspeed` is given
         if "deepspeed" not in str(exc).lower():
             raise
@@ -83,38 +83,22 @@ def prepare(argv: list[str]) -> PreparedRun:
         raise ValueError(
             f"the recipe asks for DeepSpeed, which is not installed: pip install deepspeed ({exc})"
         ) from exc
+    config, model_config, parts, rewards = built.config, built.model_config, built.rollout_parts, built.rewards
     set_seed(config.seed)
-    # Plug-ins and data first: a misspelled option or a missing column is reported before a model loads.
-    parts = build_rollout_parts(config)
-    rewards, weights = build_rewards(recipe.rewards)
-    if config.reward_weights is not None and len(config.reward_weights) != len(rewards):
-        raise ValueError(f"`reward_weights` has {len(config.reward_weights)} values for {len(rewards)} rewards")
-    config.reward_weights = weights
     check_trainer_setup(config, rewards)
-    check_scaling(config)
-
-    train, test = load_task_data(recipe.dataset)
+    train, test = built.train, built.test
     if config.eval_strategy != "no" and test is None:
         raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")
-    check_columns(train, ["question"], "training data")
-    check_reward_columns(rewards, train.column_names, "training data")
-    if test is not None:
-        check_columns(test, ["question"], "test data")
-        check_reward_columns(rewards, test.column_names, "test data")
-    if config.on_reward_error == "none":
-        rewards = [returning_none_on_error(r) for r in rewards]
     model_path = resolve_model(model_config.model_name_or_path or "")
+    config.model_init_kwargs = model_init_kwargs(config, model_config)
+    quantization = quantization_config(model_config)
+    peft_config = get_peft_config(model_config)
+    check_scaling(config)
+    # Last: with `overwrite_output_dir` it deletes the earlier run, so every other check comes first.
+    check_output_dir(config)
     train = add_prompts(train, parts.trajectory_format)
     test = add_prompts(test, parts.trajectory_format) if test is not None else None
-
-    model_kwargs: dict[str, Any] = dict(config.model_init_kwargs or {})
-    if model_config.dtype not in (None, "auto"):
-        model_kwargs.setdefault("dtype", model_config.dtype)
-    if model_config.attn_implementation:
-        model_kwargs.setdefault("attn_implementation", model_config.attn_implementation)
-    config.model_init_kwargs = model_kwargs
-    peft_config = get_peft_config(model_config)
-    return PreparedRun(config, model_path, parts, rewards, train, test, peft_config, argv)
+    return PreparedRun(config, model_path, parts, rewards, train, test, peft_config, quantization, argv)
 
 
 def run(prepared: PreparedRun) -> int:
@@ -130,7 +114,7 @@ def run(prepared: PreparedRun) -> int:
     trainer = AgenticGRPOTrainer(
         model=model_path, reward_funcs=rewards, args=config, train_dataset=prepared.train,
         rollout_parts=prepared.rollout_parts, peft_config=prepared.peft_config,
-        eval_dataset=test if evaluating else None,
+        quantization_config=prepared.quantization_config, eval_dataset=test if evaluating else None,
     )  # fmt: skip
     main_process = trainer.accelerator.is_main_process
     if main_process:
@@ -174,6 +158,33 @@ def run(prepared: PreparedRun) -> int:
         except Exception as exc:  # a missing plot must not turn a finished run into a failed one
             logger.warning("plotting failed: %s", exc)
     return 0
+
+
+def model_init_kwargs(config: Any, model_config: Any) -> dict[str, Any]:
+    """`from_pretrained` arguments from TRL's `ModelConfig` fields (dtype, attention, revision), as TRL's own GRPO
+    script passes them; the recipe's `model_init_kwargs` win."""
+    kwargs: dict[str, Any] = dict(config.model_init_kwargs or {})
+    if model_config.dtype not in (None, "auto"):
+        kwargs.setdefault("dtype", model_config.dtype)
+    if model_config.attn_implementation:
+        kwargs.setdefault("attn_implementation", model_config.attn_implementation)
+    if model_config.model_revision not in (None, "main"):
+        kwargs.setdefault("revision", model_config.model_revision)
+    return kwargs
+
+
+def quantization_config(model_config: Any) -> Any:
+    """bitsandbytes 4/8-bit loading from `load_in_4bit` / `load_in_8bit` and the `bnb_*` fields (TRL's helper)."""
+    import torch
+    from trl.trainer.utils import get_quantization_config
+
+    quantization = get_quantization_config(model_config)
+    if quantization is not None and not torch.cuda.is_available():
+        raise ValueError(
+            "`load_in_4bit` / `load_in_8bit` quantize with bitsandbytes on CUDA GPUs, and this machine has none: "
+            "drop them (LoRA alone: `use_peft: true`)"
+        )
+    return quantization
 
 
 def use_cpu_when_distributed_without_gpu() -> None:
@@ -233,7 +244,6 @@ def check_scaling(config: Any) -> None:
             f"--resume_from_checkpoint `{resume}` is not a checkpoint ({hint}): give a `checkpoint-N` directory "
             "from a run's output_dir, or `last` for the newest one in output_dir"
         )
-    check_output_dir(config)
     if "wandb" in (config.report_to or []):
         if importlib.util.find_spec("wandb") is None:
             raise ValueError(
@@ -302,3 +312,7 @@ def summary(output_dir: Path, rewards: list | None = None) -> str:
         if line:
             lines.append(f"  {line}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # `accelerate launch -m agentic_grpo.train --config ...` from an installed package
+    raise SystemExit(main(prog="agentic_grpo.train"))

@@ -32,6 +32,7 @@ from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
+from agentic_grpo.reward_setup import guard_rewards
 from agentic_grpo.rollout import RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
 from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
@@ -59,15 +60,33 @@ def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -
             "different numbers of live trajectories per turn): use `vllm_mode: colocate` with "
             "`vllm_tensor_parallel_size: 1` (one engine per process), or a single training process"
         )
-    per_process = args.per_device_train_batch_size * args.steps_per_generation
     group_rewards = [getattr(f, "__name__", repr(f)) for f in reward_funcs if getattr(f, "needs_whole_groups", False)]
-    if group_rewards and args.world_size > 1 and per_process % args.num_generations:
-        raise ValueError(
-            f"reward(s) {group_rewards} score each query's {args.num_generations} samples together, but each of the "
-            f"{args.world_size} processes holds {per_process} samples (per_device_train_batch_size x "
-            "steps_per_generation), which splits some groups across processes: make that a multiple of "
-            "num_generations"
-        )
+    if not group_rewards or args.world_size == 1:
+        return
+    layouts = [("training", args.per_device_train_batch_size * args.steps_per_generation, args.num_generations,
+                "per_device_train_batch_size x steps_per_generation", "num_generations")]  # fmt: skip
+    if getattr(args, "eval_strategy", "no") != "no":
+        eval_group = getattr(args, "num_generations_eval", None) or args.num_generations
+        layouts.append(("evaluation", args.per_device_eval_batch_size, eval_group, "per_device_eval_batch_size",
+                        "num_generations_eval"))  # fmt: skip
+    for phase, per_process, group, held_by, group_field in layouts:
+        if per_process % group:
+            raise ValueError(
+                f"reward(s) {group_rewards} score each query's {group} samples together, but in {phase} each of "
+                f"the {args.world_size} processes holds {per_process} samples ({held_by}), which splits some "
+                f"groups across processes: make that a multiple of {group_field}"
+            )
+
+
+@contextlib.contextmanager
+def evaluation_mode(model: torch.nn.Module) -> Any:
+    """`model` in eval mode (no dropout) for the block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def nan_if_none(value: float | None) -> float:
@@ -103,6 +122,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ) -> None:
         check_trainer_setup(args, reward_funcs)
+        reward_funcs = guard_rewards(reward_funcs, args.on_reward_error)
         parts = rollout_parts or build_rollout_parts(args)
         if args.advantage == "anchor" and parts.environment.state_hash is ToolEnvironment.state_hash:
             raise ValueError(
@@ -145,7 +165,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
         inputs = [dict(row) for row in inputs]  # TRL writes each row's trajectory into it: one dict per row
         rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
         try:
-            with self._rows_of(rows):
+            # Sample and score with dropout off: TRL leaves the policy in train mode here, and LoRA or attention
+            # dropout would otherwise draw random masks for the sampled tokens and for the old and reference
+            # log-probs computed from them. The loss itself runs later, in the mode the Trainer sets.
+            with self._rows_of(rows), evaluation_mode(self.model):
                 output = super()._generate_and_score_completions(inputs)
         except Exception as exc:
             # A reward that raises ends the run; the step's trajectories are what its author needs to debug it.
@@ -197,14 +220,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         if rows is None or len(rows) != len(prompts):
             raise RuntimeError("rollout called outside `_generate_and_score_completions`, or with other prompts")
         backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
-        # Sample (and later score) with dropout off: TRL leaves the policy in train mode here, and LoRA or
-        # attention dropout would otherwise draw a random mask for every sampled token.
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend)
-        finally:
-            self.model.train(was_training)
+        trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend)
         self._log_rollout(trajectories, stats)
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],

@@ -63,20 +63,9 @@ def arm_recipe(base: dict[str, Any], arm: str, seed: int, max_steps: int, eval_e
 
 def strict_accuracy(model: str, recipe_path: Path, questions: int) -> dict[str, float]:
     """Greedy pass@1 on the held-out split: right answer, final answer given, no malformed turn."""
-    from agentic_grpo.config import read_recipe
-    from agentic_grpo.data import load_task_data
-    from agentic_grpo.evaluate import evaluate, load_policy
-    from agentic_grpo.reward_setup import build_rewards
-    from agentic_grpo.run_parts import build_rollout_parts
+    from agentic_grpo.evaluate import evaluate_held_out
 
-    recipe_args, config, _ = read_recipe(["--config", str(recipe_path)])
-    parts = build_rollout_parts(config)
-    rewards, _ = build_rewards(recipe_args.rewards)
-    _, test = load_task_data(recipe_args.dataset)
-    if test is None:
-        raise ValueError(f"recipe `{recipe_path}` has no held-out split: set `num_test` (or `test_split`)")
-    policy, tokenizer = load_policy(model)
-    metrics, records = evaluate(policy, tokenizer, parts, rewards, list(test)[:questions], k=1, progress=False)
+    metrics, records = evaluate_held_out(model, recipe_path, questions)
     strict = [r["correct"] and r["final_answer"] is not None and r["malformed_turns"] == 0 for r in records]
     return {"strict_accuracy": sum(strict) / len(strict), "accuracy": metrics["accuracy"],
             "turns_mean": metrics["turns_mean"]}  # fmt: skip
@@ -145,7 +134,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentic-grpo bench credit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--recipe", default="credit_demo", help="recipe file or shipped name (default: credit_demo)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])

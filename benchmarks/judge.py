@@ -114,7 +114,7 @@ async def measure(judge: LLMJudge, batch: dict, one_at_a_time: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="agentic-grpo bench judge", description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint", help="OpenAI-compatible base URL; default: start llama.cpp on SmolLM2-135M")
     parser.add_argument("--model", default="judge")
     parser.add_argument("--queries", type=int, default=4)

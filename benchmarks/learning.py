@@ -46,20 +46,9 @@ def strictly_correct(final_answer: str | None, gold: Any) -> bool:
 
 def held_out(model: str, recipe: str, questions: int, k: int) -> dict:
     """Strict accuracy (and the recipe-reward accuracy beside it) of `model` on the recipe's test split."""
-    from agentic_grpo.config import read_recipe
-    from agentic_grpo.data import load_task_data
-    from agentic_grpo.evaluate import evaluate, load_policy
-    from agentic_grpo.reward_setup import build_rewards
-    from agentic_grpo.run_parts import build_rollout_parts
+    from agentic_grpo.evaluate import evaluate_held_out
 
-    recipe_args, config, _ = read_recipe(["--config", recipe, "--output_dir", "/tmp/agentic-grpo-eval"])
-    parts = build_rollout_parts(config)
-    rewards, _ = build_rewards(recipe_args.rewards)
-    _, test = load_task_data(recipe_args.dataset)
-    if test is None:
-        raise SystemExit(f"recipe {recipe} has no test split to measure on")
-    policy, tokenizer = load_policy(model)
-    metrics, records = evaluate(policy, tokenizer, parts, rewards, list(test)[:questions], k=k, progress=False)
+    metrics, records = evaluate_held_out(model, recipe, questions, k)
     strict = [strictly_correct(r["final_answer"], r["row"].get("answer")) for r in records]
     return {
         "strict_accuracy": sum(strict) / max(1, len(strict)),
@@ -102,7 +91,9 @@ def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Na
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentic-grpo bench learning", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--recipe", default="cpu_demo", help="recipe file or shipped recipe name (default: cpu_demo)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds (default: 0 1 2)")
     parser.add_argument("--seed", type=int, help="one seed (same as --seeds N)")

@@ -53,7 +53,7 @@ def throughput(pool: SandboxPool, slots: int, per_slot: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="agentic-grpo bench sandbox", description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--calls", type=int, default=20, help="calls per latency median (at least 20)")
     parser.add_argument("--per-slot", type=int, default=2, help="executions per slot in the throughput runs")

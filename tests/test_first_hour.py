@@ -125,13 +125,25 @@ def test_rerun_into_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
     assert (out / "metrics.jsonl").read_text() == before
 
 
-def test_overwrite_deletes_the_run_files_and_nothing_else(tmp_path):
+def test_overwrite_deletes_the_run_files_and_its_model_and_nothing_else(tmp_path):
     from agentic_grpo.run_files import clear_previous_run, previous_run
 
     fake_run(tmp_path)
+    for saved in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "training_args.bin"):
+        (tmp_path / saved).write_text("the earlier run's model")
     clear_previous_run(tmp_path)
     assert previous_run(tmp_path) is None
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_overwrite_deletes_nothing_when_another_check_fails(tmp_path):
+    out = tmp_path / "out"
+    fake_run(out)
+    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--overwrite_output_dir", "true",
+                   "--model_name_or_path", "./no/such/model", timeout=120)  # fmt: skip
+    assert result.returncode == 2 and "no/such/model" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "metrics.jsonl", "notes.txt", "run.json",
+                                                     "trajectories"]  # fmt: skip
 
 
 def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
@@ -172,3 +184,60 @@ def test_show_refuses_a_file_that_is_not_trajectories(tmp_path, capsys):
     path.write_text('{"step": 1}\n')
     assert cli_main(["show", str(path)]) == 2
     assert "is not a trajectory file" in capsys.readouterr().err
+
+
+def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**__import__("os").environ, "AGENTIC_GRPO_CACHE": str(ROOT / ".model-cache"), "WANDB_MODE": "disabled",
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "agentic_grpo.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def test_eval_imports_the_users_plug_ins_from_the_working_directory(tmp_path):
+    (tmp_path / "usertrial.py").write_text(
+        "from agentic_grpo import ToolEnvironment\n\n\nclass Echo(ToolEnvironment):\n"
+        '    def echo(self, text: str) -> str:\n        """Echo.\n\n        Args:\n            text: The text.\n'
+        '        """\n        return text\n\n\ndef exact(prompts, completions, trajectory, answer, **_):\n'
+        "    return [float(t.final_answer == a) for t, a in zip(trajectory, answer)]\n"
+    )
+    recipe = write_recipe(tmp_path, environment="usertrial:Echo", rewards=[{"type": "usertrial:exact"}])
+    result = run_cli("eval", "--model", "tiny-random-llama", "--recipe", str(recipe), "--limit", "2",
+                     "--output", str(tmp_path / "eval.json"), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rewards/exact/mean" in json.loads((tmp_path / "eval.json").read_text())
+
+
+def test_eval_names_a_missing_reward_column_before_the_model_loads(tmp_path):
+    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.test_first_hour:needs_difficulty"}])
+    result = run_cli("eval", "--model", "./no/such/model", "--recipe", str(recipe), "--limit", "2", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "reward `needs_difficulty` needs column(s) ['difficulty']" in result.stderr  # not the model error
+
+
+def test_eval_with_a_raising_reward_keeps_the_trajectories(tmp_path):
+    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:raising"}])
+    report = tmp_path / "eval.json"
+    result = run_cli("eval", "--model", "tiny-random-llama", "--recipe", str(recipe), "--limit", "2",
+                     "--output", str(report), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1 and "the reward broke" in result.stderr
+    records = [json.loads(line) for line in report.with_suffix(".trajectories.jsonl").open()]
+    assert len(records) == 2 and all(r["segments"][1]["role"] == "model" for r in records)
+    assert "the reward broke" in json.loads(report.read_text())["error"]
+
+
+def test_misspelled_environment_option_is_named_with_a_suggestion(tmp_path):
+    recipe = write_recipe(tmp_path, environment="agentic_grpo.tools.stepwise:StepwiseCalculator",
+                          environment_kwargs={"value_rewrd": 0.5})  # fmt: skip
+    result = train("--config", str(recipe), timeout=120)
+    assert result.returncode == 2
+    assert "option `value_rewrd` is not known; did you mean `value_reward`?" in result.stderr
+
+
+def test_misspelled_dataset_option_is_named_with_a_suggestion(tmp_path):
+    dataset = {"generator": "agentic_grpo.tasks:multiplication_word_problems", "num_trian": 8, "num_test": 2}
+    result = train("--config", str(write_recipe(tmp_path, dataset=dataset)), timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "option `num_trian` is not known; did you mean `num_train`?" in result.stderr
+    files = {"path": "json", "data_file": str(tmp_path / "rows.jsonl")}
+    result = train("--config", str(write_recipe(tmp_path, dataset=files)), timeout=120)
+    assert result.returncode == 2 and "did you mean `data_files`?" in result.stderr

@@ -13,7 +13,9 @@ shadowed by them.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -69,9 +71,17 @@ def installed(tmp_path_factory) -> dict[str, Path]:
     """A fresh venv with agentic-grpo installed from a wheel, and a user's project directory."""
     base = tmp_path_factory.mktemp("install")
     wheel_dir = base / "wheels"
+    # Built from a copy of the tracked files: building in the checkout leaves `build/lib` behind, from which a
+    # later wheel could pick up modules that no longer exist.
+    source = base / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir),
-         str(ROOT)],
+         str(source)],
         capture_output=True, text=True, timeout=600, cwd=base,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
@@ -137,11 +147,23 @@ def test_shipped_recipe_by_name_evaluates_with_the_built_in_calculator(installed
     assert (installed["project"] / "eval" / "report.trajectories.jsonl").is_file()
 
 
-def test_bench_knows_the_shipped_benchmarks(installed):
+def test_shipped_recipe_by_name_trains(installed):
+    result = run(installed, "agentic-grpo", "train", "--config", "ci_tiny", "--max_steps", "1", "--output_dir",
+                 "out/shipped", "--save_strategy", "no")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (installed["project"] / "out" / "shipped" / "metrics.jsonl").is_file()
+
+
+def test_bench_knows_and_runs_the_shipped_benchmarks(installed):
+    shipped = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))
     unknown = run(installed, "agentic-grpo", "bench", "nope")
-    assert unknown.returncode == 2 and "known: credit, judge, learning, sandbox" in unknown.stderr
+    assert unknown.returncode == 2 and f"known: {', '.join(shipped)}" in unknown.stderr
     shown = run(installed, "agentic-grpo", "bench", "sandbox", "--help")
-    assert shown.returncode == 0 and "usage:" in shown.stdout
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: agentic-grpo bench sandbox")
+    ran = run(installed, "agentic-grpo", "bench", "learning", "--recipe", "ci_tiny", "--seeds", "0", "--max-steps",
+              "1", "--questions", "2", "--output-dir", "out/bench")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert json.loads(ran.stdout)["runs"][0]["seed"] == 0
 
 
 def test_judge_finds_its_default_rubrics_as_package_data(installed):

@@ -212,12 +212,32 @@ def test_a_timed_out_python_tool_returns_what_it_printed(tokenizer):
     assert result.timed_out and result.output.startswith("started") and "timed out after" in result.output
 
 
+def test_the_sandbox_alone_owns_the_deadline_of_code_tools(tokenizer):
+    """A rollout budget shorter than the slot's deadline does not cut the code off early (one owner, one timer):
+    before, the guard (tool_timeout + 5 s grace) gave up on this call at 5.1 s and dropped its output."""
+    from agentic_grpo.sandbox import SandboxConfig, SandboxPool
+    from agentic_grpo.tools.python import PythonInterpreter
+
+    code = "import time; print('started', flush=True); time.sleep(5.5); print('finished')"
+    call = f"Action: python\nAction Input: {json.dumps({'code': code})}\nObservation:"
+    pool = SandboxPool(SandboxConfig(timeout_s=30.0))
+    fmt = load_format("react", PythonInterpreter.tool_schemas())
+    manager = RolloutManager(PythonInterpreter, fmt, tokenizer, RolloutLimits(tool_timeout=0.1), sandbox_pool=pool)
+    try:
+        [t], _ = manager.rollout([case_prompt("slow")], [{}], ScriptedBackend(tokenizer, {"slow": [call]}))
+    finally:
+        manager.close()
+        pool.close()
+    _, result = t.tool_calls[0]
+    assert not result.timed_out and result.output == "started\nfinished"
+
+
 def test_a_slot_is_not_released_while_a_call_is_still_inside_it(tokenizer):
     """A pure-Python tool that outlives its guard in a sandboxed environment keeps its slot until it returns."""
     from agentic_grpo.sandbox import SandboxConfig, SandboxPool
     from tests.envs import SlowSandboxedTools
 
-    pool = SandboxPool(SandboxConfig(timeout_s=10.0))
+    pool = SandboxPool(SandboxConfig(timeout_s=0.2))
     fmt = load_format("react", SlowSandboxedTools.tool_schemas())
     manager = RolloutManager(SlowSandboxedTools, fmt, tokenizer, RolloutLimits(tool_timeout=0.2), sandbox_pool=pool)
     call = 'Action: linger\nAction Input: {"seconds": 6}\nObservation:'

@@ -210,3 +210,20 @@ def test_cli_file_fast_path_skips_the_package_init():
     proc = subprocess.run([sys.executable, "-I", "-c", code, cli], capture_output=True, text=True, timeout=120)
     assert json.loads(proc.stdout)["stdout"] == "fast\n"
     assert proc.stderr.strip().endswith("LIGHT 0"), proc.stderr[-2000:]
+
+
+def test_two_pools_of_one_rank_in_one_process_each_bound_their_slots():
+    """A trainer's pool and an evaluation's pool in one process: the second used to find its cgroup name taken
+    ("File exists") and ran its slots with no memory, process or CPU bound."""
+    pools = [SandboxPool(SandboxConfig()) for _ in range(2)]
+    try:
+        if pools[0].cgroups.version is None:
+            pytest.skip(f"no writable cgroup hierarchy here: {pools[0].cgroups.reason}")
+        assert [p.metrics()["sandbox/cgroup"] for p in pools] == [1.0, 1.0]
+        slots = [p.acquire() for p in pools]
+        assert all(s.cgroup is not None for s in slots)
+        for pool, slot in zip(pools, slots, strict=True):
+            pool.release(slot)
+    finally:
+        for pool in pools:
+            pool.close()

@@ -54,22 +54,54 @@ def trainer(tiny_model_dir, tmp_path):
     return trainer, rows
 
 
-def test_rollouts_sample_with_dropout_off_and_training_resumes_in_train_mode(trainer):
-    trainer, rows = trainer
+def test_rollouts_sample_and_score_with_dropout_off_and_training_resumes_in_train_mode(tiny_model_dir, tmp_path):
+    rows = [{"prompt": case_prompt(name), "question": name, "answer": "42"} for name in SCRIPTS]
+    # Two iterations per generation: TRL then scores the sampled tokens (old log-probs) with the policy itself.
+    args = config(tmp_path, num_iterations=2)
+    trainer = AgenticGRPOTrainer(model=tiny_model_dir, reward_funcs=[exact], args=args,
+                                 train_dataset=Dataset.from_list(rows))  # fmt: skip
+    trainer.generation_backend = RecordingBackend(trainer, SCRIPTS)
+    scoring_in_train_mode: list[bool] = []
+    score = trainer._get_per_token_logps_and_entropies
+
+    def recording_score(model, *args, **kwargs):
+        scoring_in_train_mode.append(any(m.training for m in model.modules()))
+        return score(model, *args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = recording_score
     trainer.model.train()
-    trainer._generate_and_score_completions(rows * 2)
+    output = trainer._generate_and_score_completions(rows * 2)
     assert trainer.generation_backend.training_at_generate and not any(trainer.generation_backend.training_at_generate)
+    assert output.get("old_per_token_logps") is not None and scoring_in_train_mode == [False]
     assert trainer.model.training
 
 
-def test_trainer_rolls_out_again_after_train(trainer):
+def test_trainer_evaluates_and_trains_again_after_train(trainer, tmp_path):
     trainer, rows = trainer
+    trainer.eval_dataset = Dataset.from_list(rows * 2)
     trainer.train()
-    # The tool threads and the sandbox pool were closed for good by train() before: this raised
-    # "cannot schedule new futures after shutdown".
-    output = trainer._generate_and_score_completions(rows * 2)
-    assert output["completion_ids"].shape[0] == 4
+    # The tool threads and the sandbox pool were closed for good by train() before: evaluate() and a second
+    # train() raised "cannot schedule new futures after shutdown".
+    metrics = trainer.evaluate()
+    assert "eval_reward" in metrics
+    trainer.args.max_steps = 2
+    trainer.train()
+    assert trainer.state.global_step == 2
     assert trainer.sandbox_pool.live_slots == 0
+
+
+def test_on_reward_error_none_holds_for_a_trainer_built_directly(tiny_model_dir, tmp_path):
+    def broken(prompts, completions, **_):
+        raise KeyError("difficulty")
+
+    rows = [{"prompt": case_prompt(name), "question": name, "answer": "42"} for name in SCRIPTS]
+    trainer = AgenticGRPOTrainer(model=tiny_model_dir, reward_funcs=[exact, broken],
+                                 args=config(tmp_path, on_reward_error="none"), train_dataset=Dataset.from_list(rows))  # fmt: skip
+    trainer.generation_backend = ScriptedBackend(trainer.processing_class, SCRIPTS)
+    trajectories = keep_trajectories(trainer)
+    trainer._generate_and_score_completions(rows * 2)
+    assert [t.rewards["broken"] for t in trajectories] == [None] * 4
+    assert sorted(t.rewards["exact"] for t in trajectories) == [0.0, 0.0, 1.0, 1.0]
 
 
 class LogprobBackend(ScriptedBackend):
@@ -151,3 +183,13 @@ def test_group_scoring_rewards_refuse_groups_split_across_processes():
         check_trainer_setup(split, [GroupJudge()])
     check_trainer_setup(SimpleNamespace(**{**vars(split), "per_device_train_batch_size": 8}), [GroupJudge()])
     check_trainer_setup(split, [exact])  # per-trajectory rewards do not care
+
+
+def test_group_scoring_rewards_refuse_evaluation_groups_split_across_processes():
+    layout = SimpleNamespace(per_device_train_batch_size=8, steps_per_generation=1, num_generations=4, world_size=2,
+                             use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1, eval_strategy="steps",
+                             per_device_eval_batch_size=6, num_generations_eval=None)  # fmt: skip
+    with pytest.raises(ValueError, match=r"in evaluation each of the 2 processes holds 6 samples"):
+        check_trainer_setup(layout, [GroupJudge()])
+    check_trainer_setup(SimpleNamespace(**{**vars(layout), "num_generations_eval": 2}), [GroupJudge()])
+    check_trainer_setup(SimpleNamespace(**{**vars(layout), "eval_strategy": "no"}), [GroupJudge()])

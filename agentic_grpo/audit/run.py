@@ -119,8 +119,7 @@ def audit_recipe(
     """Audit the recipe's rewards on `limit` rows of its data (or of `data`); raises ValueError on bad input."""
     from agentic_grpo.config import read_recipe
     from agentic_grpo.evaluate import score_trajectories
-    from agentic_grpo.reward_setup import build_rewards
-    from agentic_grpo.run_parts import build_rollout_parts
+    from agentic_grpo.run_parts import build_recipe
 
     # No training happens: GPU-only settings (bf16 on a CPU machine, W&B) must not stop an audit.
     overrides = [
@@ -133,16 +132,16 @@ def audit_recipe(
         "--report_to",
         "none",
     ]
-    recipe_args, config, model_config = read_recipe(["--config", recipe, *overrides])
-    rows = audit_rows(recipe_args.dataset, data, limit)
-    tokenizer, tokenizer_note = load_audit_tokenizer(tokenizer_path or model_config.model_name_or_path)
-    parts = build_rollout_parts(config)
-    environment, trajectory_format = parts.environment, parts.trajectory_format
-    writer = ProbeWriter(config.format, trajectory_format)
+    recipe_args, _, model_config = read_recipe(["--config", recipe, *overrides])  # the reward specs to adapt
     specs, skipped = prepare_reward_specs(list(recipe_args.rewards or []), judge_endpoint, judge_model)
     if not specs:
         raise ValueError(f"recipe `{recipe}`: no reward left to audit ({skipped})")
-    rewards, weights = build_rewards(specs)
+    built = build_recipe(["--config", recipe, *overrides], load_data=False, reward_specs=specs)
+    config, parts, rewards, weights = built.config, built.rollout_parts, built.rewards, built.config.reward_weights
+    rows = audit_rows(recipe_args.dataset, data, limit)
+    tokenizer, tokenizer_note = load_audit_tokenizer(tokenizer_path or model_config.model_name_or_path)
+    environment, trajectory_format = parts.environment, parts.trajectory_format
+    writer = ProbeWriter(config.format, trajectory_format)
     names = [r.__name__ for r in rewards]
     report = AuditReport(recipe, len(rows), tokenizer_note, dict(zip(names, weights, strict=True)), skipped=skipped)
     judges = [r for r in rewards if hasattr(getattr(r, "backend", None), "complete_many")]

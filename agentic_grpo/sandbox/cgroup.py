@@ -210,8 +210,8 @@ class CgroupSet:
         return cls(None, {}, "; ".join(reasons))
 
     def remove_stale(self, prefix: str = "agentic-grpo-") -> None:
-        """Remove the groups of pools whose trainer died without closing them (named prefix + pid + '-r...')."""
-        pattern = re.compile(re.escape(prefix) + r"(\d+)-r\d+$")
+        """Remove the groups of pools whose trainer died without closing them (named prefix + pid + '-rR-pN')."""
+        pattern = re.compile(re.escape(prefix) + r"(\d+)-r\d+(-p\d+)?$")
         for parent in self.parents.values():
             for entry in parent.parent.iterdir():
                 match = pattern.match(entry.name)

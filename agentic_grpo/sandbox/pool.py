@@ -8,6 +8,7 @@ workspace is one bug away from leaking one trajectory's files into another.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from .slot import SandboxSlot, Spawner, UidLease
 from .workspace import make_workspace, release_workspace, remove_stale_pools, remove_tree
 
 logger = logging.getLogger(__name__)
+_POOL_NUMBERS = itertools.count()  # names each pool's cgroup apart from the other pools of this process
 
 
 class SandboxPool:
@@ -47,7 +49,8 @@ class SandboxPool:
         self.layer: str = probed.layer
         root = os.geteuid() == 0
         self.cgroups = (
-            CgroupSet.detect(f"agentic-grpo-{os.getpid()}-r{rank}")
+            # One group per pool, even with two pools of one rank in one process (each its own slots and bounds).
+            CgroupSet.detect(f"agentic-grpo-{os.getpid()}-r{rank}-p{next(_POOL_NUMBERS)}")
             if self.config.use_cgroup
             else CgroupSet(None, {}, "use_cgroup is off")
         )

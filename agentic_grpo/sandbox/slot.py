@@ -185,6 +185,11 @@ class SandboxSlot:
         self._lease = lease
         self.closed = False
 
+    @property
+    def timeout_s(self) -> float:
+        """The wall-clock deadline of each command run here (the pool's `timeout_s`, the recipe's `tool_timeout`)."""
+        return self.pool.config.timeout_s
+
     def run(
         self,
         argv: list[str],
