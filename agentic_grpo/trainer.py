@@ -129,6 +129,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
         if self.sandbox_pool is not None:  # slots and workspaces go with the trainer, or at exit
             weakref.finalize(self, self.sandbox_pool.close)
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
+        if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
+            from agentic_grpo.subagents.sources import attach_adapters
+
+            attach_adapters(self.model, parts.all_agents())
         self.generation_backend = generation_backend
         self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
         self.add_callback(RunFilesCallback(self))
@@ -206,6 +210,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
         finally:
             self.model.train(was_training)
         self._log_rollout(trajectories, stats)
+        if self.rollout_parts.agents:
+            from agentic_grpo.subagents.usage import log_subagent_metrics
+
+            log_subagent_metrics(self, trajectories)
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
