@@ -11,9 +11,11 @@ import threading
 
 import pytest
 
+from agentic_grpo.cli import main as cli_main
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.plugins import PluginError
 from agentic_grpo.run_parts import build_rollout_parts
+from agentic_grpo.trajectory import Delegation, Segment, Trajectory
 from tests import envs
 from tests.scripted import ScriptedBackend, case_prompt
 from tests.subagent_support import RecordingGenerate
@@ -170,3 +172,36 @@ def test_a_code_running_subagent_gets_a_sandbox_even_when_the_policys_tools_do_n
     }
     parts = build_rollout_parts(recipe(tmp_path, coder))
     assert not parts.environment.needs_sandbox and parts.sandbox is not None
+
+
+# --- agentic-grpo show ------------------------------------------------------------------------
+
+
+def test_show_draws_each_child_under_the_call_that_made_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps to the terminal; keep lines whole for the asserts
+    grandchild = Trajectory(prompt="g", segments=[Segment("prompt", [], "")], finish_reason="error",
+                            notes={"error": "APIConnectionError: Connection error."},
+                            delegation=Delegation("lookup", "endpoint:http://h/v1#m", {"question": "capital?"}, 0, 0))  # fmt: skip
+    child = Trajectory(prompt="c", segments=[Segment("prompt", [1], "P"), Segment("model", [2, 3], "CHILD-THOUGHT")],
+                       final_answer="Paris", finish_reason="final_answer", turns=1, children=[grandchild],
+                       delegation=Delegation("helper", "adapter:geo", {"question": "Where?"}, 1, 0, adapter="geo"))  # fmt: skip
+    parent = Trajectory(prompt="p", segments=[Segment("prompt", [1], "P"), Segment("model", [4], "PARENT-CALL"),
+                        Segment("tool", [5], " Paris\n")], final_answer="Paris", finish_reason="final_answer",
+                        turns=2, children=[child])  # fmt: skip
+    path = tmp_path / "step_000001.jsonl"
+    path.write_text(
+        json.dumps({**parent.to_dict(), "row": {"question": "Capital of France?", "answer": "Paris"}}) + "\n"
+    )
+
+    assert cli_main(["show", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+
+    def line_of(text):
+        return next(i for i, line in enumerate(lines) if text in line)
+
+    parent_at, child_at, grandchild_at = (line_of("PARENT-CALL"), line_of("helper  [adapter:geo]  called in turn 2"),
+                                          line_of("lookup  [endpoint:http://h/v1#m]  called in turn 1  finish=error"))  # fmt: skip
+    assert parent_at < child_at < line_of("CHILD-THOUGHT") < grandchild_at < line_of("APIConnectionError")
+    indent = [len(lines[i]) - len(lines[i].lstrip(" │├└─")) for i in (line_of("#0"), child_at, grandchild_at)]
+    assert indent[0] < indent[1] < indent[2]  # each generation one level deeper in the tree
+    assert "Q: Where?" in lines[child_at + 1] and "sub-agent trajectories" in lines[-1]
