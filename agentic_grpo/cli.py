@@ -172,7 +172,8 @@ def _eval(args: argparse.Namespace) -> int:
         rows = list(rows)[: args.limit] if args.limit else list(rows)
         if args.k < 1:
             raise ValueError("-k must be at least 1")
-        model, tokenizer = load_policy(args.model)
+        adapters = any(getattr(a, "adapter", None) not in (None, "__base__") for a in parts.all_agents())
+        model, tokenizer = load_policy(args.model, merge=not adapters)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

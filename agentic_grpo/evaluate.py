@@ -19,8 +19,9 @@ from agentic_grpo.run_parts import RolloutParts
 from agentic_grpo.trajectory import Trajectory
 
 
-def load_policy(path: str) -> tuple[Any, Any]:
-    """Model and tokenizer from a model directory, hub id, alias, or LoRA adapter directory."""
+def load_policy(path: str, merge: bool = True) -> tuple[Any, Any]:
+    """Model and tokenizer from a model directory, hub id, alias, or LoRA adapter directory (merged into its base
+    unless `merge=False`: sub-agents that run under LoRA adapters need the policy's PeftModel)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentic_grpo.models import resolve_model
@@ -31,7 +32,7 @@ def load_policy(path: str) -> tuple[Any, Any]:
 
         model = AutoPeftModelForCausalLM.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return model.merge_and_unload(), tokenizer
+        return (model.merge_and_unload() if merge else model), tokenizer
     resolved = resolve_model(path)
     return AutoModelForCausalLM.from_pretrained(resolved), AutoTokenizer.from_pretrained(resolved)
 
@@ -67,6 +68,10 @@ def evaluate(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos_ids,
     )
+    if parts.agents:  # sub-agents under LoRA adapters run on this model: their adapters join it
+        from agentic_grpo.subagents.sources import attach_adapters
+
+        attach_adapters(model, parts.all_agents())
     pool = parts.sandbox_pool(rank=0)
     manager = parts.rollout_manager(tokenizer, pool)
     backend = TransformersBackend(model.eval(), tokenizer, generation_config, eos_ids)
@@ -100,6 +105,12 @@ def evaluate(
         "tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
         "invalid_rate": sum(t.invalid for t in trajectories) / n,
     }
+    if parts.agents:
+        from agentic_grpo.subagents import subagent_usage
+
+        subagent_calls, subagent_tokens, _ = subagent_usage(trajectories)
+        metrics["subagent_calls_per_trajectory"] = subagent_calls / n
+        metrics["subagent_tokens_per_trajectory"] = subagent_tokens / n
     for name, values in scores.items():
         given = [v for v in values if v is not None]
         metrics[f"rewards/{name}/mean"] = sum(given) / len(given) if given else None

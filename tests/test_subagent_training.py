@@ -118,3 +118,25 @@ def test_two_grpo_steps_with_a_lora_adapter_subagent_on_the_policys_base_model(t
     assert any(not torch.equal(before[n], after[n]) for n in before if ".default." in n)
     assert all(torch.equal(before[n], after[n]) and not after[n].requires_grad for n in before if ".helper." in n)
     assert model.active_adapter == "default"
+
+
+def test_eval_runs_adapter_subagents_on_the_policy_and_reports_their_cost(tiny_model_dir, tmp_path):
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentic_grpo.evaluate import evaluate
+    from agentic_grpo.run_parts import build_rollout_parts
+
+    helper = {"name": "helper", "description": "Answers a sub-task.", "adapter": "helper", "max_turns": 1,
+              "format": "tests.subagent_support:CallingFormat", "format_kwargs": {"tool": None}}  # fmt: skip
+    config = AgenticGRPOConfig(output_dir=str(tmp_path), environment="agentic_grpo.environment:ToolEnvironment",
+                               subagents=[helper], format="tests.subagent_support:CallingFormat",
+                               format_kwargs={"tool": "helper"}, max_turns=2, max_tokens_per_turn=8, report_to=[])  # fmt: skip
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    rows = [{"question": f"What is {a} * 7?", "answer": str(a * 7)} for a in range(100, 104)]
+    metrics, records = evaluate(policy, AutoTokenizer.from_pretrained(tiny_model_dir), build_rollout_parts(config),
+                                [distinct_characters], rows, progress=False)  # fmt: skip
+    calls = sum(len(r.get("children", [])) for r in records)
+    assert calls > 0 and metrics["subagent_calls_per_trajectory"] == calls / len(rows)
+    assert metrics["subagent_tokens_per_trajectory"] > 0 and "helper" in policy.peft_config
