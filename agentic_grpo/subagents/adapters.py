@@ -7,7 +7,8 @@ later multi-policy trainer must not find its adapters frozen or thawed behind it
 Generation runs in eval mode (no dropout masks on sampled tokens) and without gradients.
 
 A lock per model serialises these calls: two sub-agents on the same model run in parallel threads (one
-job per sub-agent per parent turn), and an adapter switch must not happen in the middle of another
+job per sub-agent per parent turn), and neither an adapter switch nor TRL's unwrapping for generation
+(which changes the model's generation config for the call) may happen in the middle of another
 sub-agent's `generate`. The parent's own generation never overlaps them: its turn loop generates, then
 waits for the turn's tool calls (sub-agents included) before it generates again.
 """
@@ -120,10 +121,17 @@ class _OnAdapter:
     """Mixin for a backend on the policy's model: every `generate` holds the model's lock and runs under `adapter`."""
 
     adapter: str | None = None
+    model: Any
 
     @contextlib.contextmanager
     def _generating_model(self) -> Iterator[Any]:
-        with super()._generating_model() as model, model_lock(model), generating_as(model, self.adapter):  # type: ignore[misc]
+        # The lock is taken on the model the backend holds (the trainer's, possibly wrapped) before unwrapping:
+        # TRL's unwrapping itself changes the model (its generation config, gradient checkpointing) for the call.
+        with (
+            model_lock(self.model),
+            super()._generating_model() as model,  # type: ignore[misc]
+            generating_as(model, self.adapter),
+        ):
             yield model
 
 
