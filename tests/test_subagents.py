@@ -205,3 +205,27 @@ def test_show_draws_each_child_under_the_call_that_made_it(tmp_path, capsys, mon
     indent = [len(lines[i]) - len(lines[i].lstrip(" │├└─")) for i in (line_of("#0"), child_at, grandchild_at)]
     assert indent[0] < indent[1] < indent[2]  # each generation one level deeper in the tree
     assert "Q: Where?" in lines[child_at + 1] and "sub-agent trajectories" in lines[-1]
+
+
+def test_the_readme_example_turns_a_users_environment_into_a_subagent(tmp_path, monkeypatch):
+    import re
+
+    import yaml
+
+    from tests.test_train_e2e import ROOT
+
+    section = (ROOT / "README.md").read_text().split("## Sub-agents\n", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
+    (tmp_path / "my_tools.py").write_text(code)
+    monkeypatch.chdir(tmp_path)  # recipes import a user's modules from the directory they run in
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    parts = build_rollout_parts(AgenticGRPOConfig(output_dir=str(tmp_path), report_to=[], **block))
+    [agent] = parts.agents
+    assert "ask_weather" in parts.trajectory_format.system_prompt() and set(parts.environment.tools()) == {
+        "calculator"
+    }
+    assert agent.adapter == "weather" and agent.parts.limits.max_turns == 4
+    weather = agent.parts.make_environment()
+    assert set(weather.tools()) == {"forecast"} and "forecast" in agent.parts.trajectory_format.system_prompt()
