@@ -149,3 +149,31 @@ def test_unknown_adapter_is_named_with_the_ones_the_policy_has(tiny_model_dir, a
     model = policy_with(tiny_model_dir, adapters[0])
     with pytest.raises(ValueError, match=r"no LoRA adapter `z` \(it has: x\)"), generating_as(model, "z"):
         pass
+
+
+def test_a_subagents_own_policy_subagent_runs_on_the_trained_policys_model(tiny_model_dir, tokenizer, adapters):
+    """policy -> `outer` (a frozen model of its own) -> `inner` (adapter y): `inner` runs on the policy's model."""
+    x_path, y_path = adapters
+    policy = policy_with(tiny_model_dir, x_path)
+    frozen = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    inner = SubAgent("inner", "Answers.", RolloutParts(ToolEnvironment, {}, CallingFormat([], tool=None),
+                     RolloutLimits(max_turns=1, max_tokens_per_turn=12)), PolicySource("y", y_path, temperature=1.0))  # fmt: skip
+    outer_parts = RolloutParts(ToolEnvironment, {}, CallingFormat([inner.tool_schema()], tool="inner"),
+                               RolloutLimits(max_turns=1, max_tokens_per_turn=12), agents=[inner])  # fmt: skip
+    outer = SubAgent("outer", "Delegates.", outer_parts, ModelSource.of(frozen, tokenizer, temperature=1.0))
+    attach_adapters(policy, [outer, inner])
+    on_policy, on_frozen = RecordingGenerate(policy), RecordingGenerate(frozen)
+    config, eos_ids = sampling_config(policy, tokenizer, 1.0)
+    manager = RolloutManager(ToolEnvironment, CallingFormat([outer.tool_schema()], tool="outer"), tokenizer,
+                             RolloutLimits(max_turns=2, max_tokens_per_turn=12), agents=[outer])  # fmt: skip
+    torch.manual_seed(0)
+    trajectories, _ = manager.rollout([[{"role": "user", "content": q}] for q in QUESTIONS], [{} for _ in QUESTIONS],
+                                      TransformersBackend(policy, tokenizer, config, eos_ids))  # fmt: skip
+    manager.close()
+
+    grandchildren = [g for t in trajectories for c in t.children for g in c.children]
+    assert grandchildren and all(g.delegation.adapter == "y" and g.delegation.agent == "inner" for g in grandchildren)
+    assert set(on_policy.adapters) == {"x", "y"} and set(on_frozen.adapters) == {None}
+    # One batch of `inner` calls per batch of `outer` children that made any: batched at every depth.
+    outer_batches = {c.delegation.parent_turn for t in trajectories for c in t.children if c.children}
+    assert on_policy.adapters.count("y") == len(outer_batches)

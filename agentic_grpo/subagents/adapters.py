@@ -122,6 +122,8 @@ class _OnAdapter:
 
     adapter: str | None = None
     model: Any
+    policy_backend: Any = None
+    """The trained policy's backend, which sub-agents of this backend's sub-agent derive theirs from."""
 
     @contextlib.contextmanager
     def _generating_model(self) -> Iterator[Any]:

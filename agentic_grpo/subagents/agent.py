@@ -83,7 +83,8 @@ class SubAgent:
     ) -> list[tuple[ToolResult, Trajectory | None]]:  # fmt: skip
         """One nested rollout for all `calls`: each call's observation and its child trajectory (None when the
         call's arguments were wrong). `places` holds each call's (parent turn, index in the parent's tool calls);
-        `backend` and `tokenizer` are the parent's."""
+        `backend` is the trained policy's (`model: policy` sub-agents run on its model, at any depth), `tokenizer`
+        the caller's."""
         start = time.perf_counter()
         answers: list[tuple[ToolResult, Trajectory | None] | None] = [None] * len(calls)
         valid = []
@@ -95,15 +96,15 @@ class SubAgent:
             else:
                 valid.append(k)
         rows = [self.task_row(str(calls[k].arguments["task"]), parent_rows[k]) for k in valid]
-        prompts = [self.parts.trajectory_format.prompt_messages(row["question"]) for row in rows]
         children: list[Trajectory] = []
         if rows:
             try:
+                prompts = [self.parts.trajectory_format.prompt_messages(row["question"]) for row in rows]
                 children = self.source.rollout(self.parts, prompts, rows, backend, tokenizer, sandbox_pool)
             except Exception as exc:  # noqa: BLE001 - a sub-agent that breaks is the parent's observation, not a crash
                 logger.exception("sub-agent `%s` failed on a batch of %d task(s)", self.name, len(rows))
                 error = f"{type(exc).__name__}: {exc}"
-                children = [failed_child(prompt, error) for prompt in prompts]
+                children = [failed_child(row["question"], error) for row in rows]
         seconds = time.perf_counter() - start
         for k, row, child in zip(valid, rows, children, strict=True):
             parent_turn, call_index = places[k]
@@ -155,11 +156,14 @@ class DelegatedCalls:
             if isinstance(call, ToolCall) and call.name in agents:
                 by_agent.setdefault(call.name, []).append(i)
         self._jobs: dict[int, tuple[Future, int]] = {}
+        # A sub-agent's own backend remembers the policy's: sub-agents of sub-agents on `model: policy` run on the
+        # trained policy's model too, not on their caller's.
+        policy_backend = getattr(backend, "policy_backend", None) or backend
         for name, indices in by_agent.items():
             places = [(trajectories[i].turns - 1, len(trajectories[i].tool_calls)) for i in indices]
             job = executor.submit(
-                agents[name].answer, [calls[i][0] for i in indices], [rows[i] for i in indices], places, backend,
-                tokenizer, sandbox_pool,
+                agents[name].answer, [calls[i][0] for i in indices], [rows[i] for i in indices], places,
+                policy_backend, tokenizer, sandbox_pool,
             )  # fmt: skip
             for k, i in enumerate(indices):
                 self._jobs[i] = (job, k)

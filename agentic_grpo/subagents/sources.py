@@ -60,18 +60,22 @@ class PolicySource:
             attach_adapter(model, self.adapter, self.adapter_path)
 
     def backend(self, parent: GenerationBackend) -> GenerationBackend:
-        """A backend on the parent's model, under this source's adapter."""
+        """A backend on the policy's model (`parent`: the policy's backend), under this source's adapter."""
+        backend: AdapterBackend | TrainerAdapterBackend
         if isinstance(parent, TrainerBackend):
             config = _with_temperature(parent.generation_config, self.temperature)
-            return TrainerAdapterBackend(parent.trainer, self.adapter, config)
-        if isinstance(parent, TransformersBackend):
+            backend = TrainerAdapterBackend(parent.trainer, self.adapter, config)
+        elif isinstance(parent, TransformersBackend):
             config = _with_temperature(parent.generation_config, self.temperature)
-            return AdapterBackend(parent.model, parent.tokenizer, config, parent.eos_token_ids, self.adapter)
-        raise ValueError(
-            f"a sub-agent on the policy's weights ({self.describe()}) generates with the policy's HF model, and the "
-            f"policy's generation backend is a {type(parent).__name__}: use HF generation for the policy "
-            "(`use_vllm: false`), or give the sub-agent a `model` or an `endpoint` of its own"
-        )
+            backend = AdapterBackend(parent.model, parent.tokenizer, config, parent.eos_token_ids, self.adapter)
+        else:
+            raise ValueError(
+                f"a sub-agent on the policy's weights ({self.describe()}) generates with the policy's HF model, and the "
+                f"policy's generation backend is a {type(parent).__name__}: use HF generation for the policy "
+                "(`use_vllm: false`), or give the sub-agent a `model` or an `endpoint` of its own"
+            )
+        backend.policy_backend = parent
+        return backend
 
     def rollout(
         self, parts: RolloutParts, prompts: list[Any], rows: list[dict[str, Any]], parent: GenerationBackend,
@@ -124,16 +128,19 @@ class ModelSource:
                 self._loaded = (model, tokenizer)
             return self._loaded
 
-    def backend(self) -> AdapterBackend:
+    def backend(self, policy_backend: GenerationBackend | None = None) -> AdapterBackend:
+        """A backend on this source's model; `policy_backend` is handed down to the sub-agents of its sub-agent."""
         model, tokenizer = self.load()
         config, eos_ids = sampling_config(model, tokenizer, self.temperature)
-        return AdapterBackend(model, tokenizer, config, eos_ids, adapter=None)
+        backend = AdapterBackend(model, tokenizer, config, eos_ids, adapter=None)
+        backend.policy_backend = policy_backend
+        return backend
 
     def rollout(
         self, parts: RolloutParts, prompts: list[Any], rows: list[dict[str, Any]], parent: GenerationBackend,
         tokenizer: Any, sandbox_pool: Any,
     ) -> list[Trajectory]:  # fmt: skip
-        backend = self.backend()
+        backend = self.backend(parent)
         return local_rollout(parts, prompts, rows, backend, backend.tokenizer, sandbox_pool)
 
 
