@@ -177,3 +177,20 @@ def test_a_subagents_own_policy_subagent_runs_on_the_trained_policys_model(tiny_
     # One batch of `inner` calls per batch of `outer` children that made any: batched at every depth.
     outer_batches = {c.delegation.parent_turn for t in trajectories for c in t.children if c.children}
     assert on_policy.adapters.count("y") == len(outer_batches)
+
+
+def test_adapter_children_can_keep_their_sampling_logprobs(tiny_model_dir, tokenizer, adapters):
+    x_path, y_path = adapters
+    source = PolicySource("y", y_path, temperature=0.7, sampling_logprobs=True)
+    trajectories = delegating_rollout(policy_with(tiny_model_dir, x_path), tokenizer, source, seed=0)
+    children = [c for t in trajectories for c in t.children]
+    assert children and all(t.completion_logprobs is None for t in trajectories)  # the policy's own: HF gives none
+
+    alone = policy_with(tiny_model_dir, y_path, "y").eval()  # the adapter on a model of its own
+    for child in children:
+        ids = child.prompt_ids + child.completion_ids
+        with torch.no_grad():
+            logits = alone(input_ids=torch.tensor([ids])).logits[0]
+        expected = torch.log_softmax(logits / 0.7, dim=-1)[torch.arange(len(child.prompt_ids) - 1, len(ids) - 1),
+                                                            torch.tensor(child.completion_ids)]  # fmt: skip
+        assert child.completion_logprobs == pytest.approx(expected.tolist(), abs=1e-4)

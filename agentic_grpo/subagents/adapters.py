@@ -124,6 +124,36 @@ class _OnAdapter:
     model: Any
     policy_backend: Any = None
     """The trained policy's backend, which sub-agents of this backend's sub-agent derive theirs from."""
+    record_logprobs: bool = False
+    """Also return each new token's sampling log-prob (one forward pass more per call), for a trainer of sub-agents."""
+
+    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Any]:
+        generations = super().generate(batch, stop, max_new_tokens)  # type: ignore[misc]
+        if self.record_logprobs and any(g.token_ids for g in generations):
+            self._add_logprobs(batch, generations)
+        return generations
+
+    def _add_logprobs(self, batch: list[list[int]], generations: list[Any]) -> None:
+        """The log-prob of every new token under this adapter at the sampling temperature (before top-k/top-p,
+        as TRL computes its per-token log-probs), from one forward pass over context + new tokens."""
+        import torch
+
+        config = self.generation_config  # type: ignore[attr-defined]
+        temperature = config.temperature if config.do_sample and config.temperature else 1.0
+        rows = [ids + g.token_ids for ids, g in zip(batch, generations, strict=True)]
+        width = max(len(r) for r in rows)
+        input_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):  # right padding: each row's positions start at 0
+            input_ids[i, : len(row)] = torch.tensor(row)
+            attention_mask[i, : len(row)] = 1
+        with self._generating_model() as model:
+            logits = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device)).logits
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).cpu()
+        for i, (context, generation) in enumerate(zip(batch, generations, strict=True)):
+            positions = torch.arange(len(context) - 1, len(context) - 1 + len(generation.token_ids))
+            chosen = torch.tensor(generation.token_ids)
+            generation.logprobs = logprobs[i, positions, chosen].tolist()
 
     @contextlib.contextmanager
     def _generating_model(self) -> Iterator[Any]:
@@ -150,7 +180,7 @@ class AdapterBackend(_OnAdapter, TransformersBackend):
 class TrainerAdapterBackend(_OnAdapter, TrainerBackend):
     """HF `generate` on the policy a trainer is training (unwrapped as for the policy's own turns), under `adapter`."""
 
-    def __init__(self, trainer: Any, adapter: str | None, generation_config: Any = None):
+    def __init__(self, trainer: Any, adapter: str | None, generation_config: Any = None) -> None:
         super().__init__(trainer)
         self.adapter = adapter
         if generation_config is not None:

@@ -42,12 +42,18 @@ class PolicySource:
         adapter: the adapter's name on the policy's PeftModel.
         adapter_path: a saved PEFT adapter to load under that name (None: a new adapter with the policy's LoRA config).
         temperature: None: the policy's own sampling settings; 0: greedy; otherwise sampling at this temperature.
+        sampling_logprobs: record each child token's sampling log-prob in its segments (one forward pass more
+            per child turn), for a trainer of sub-agents; HF `generate` reports none by itself.
     """
 
-    def __init__(self, adapter: str | None = None, adapter_path: str | None = None, temperature: float | None = None):
+    def __init__(
+        self, adapter: str | None = None, adapter_path: str | None = None, temperature: float | None = None,
+        sampling_logprobs: bool = False,
+    ) -> None:  # fmt: skip
         self.adapter = adapter
         self.adapter_path = adapter_path
         self.temperature = temperature
+        self.sampling_logprobs = sampling_logprobs
 
     def describe(self) -> str:
         if self.adapter is None:
@@ -75,6 +81,7 @@ class PolicySource:
                 "(`use_vllm: false`), or give the sub-agent a `model` or an `endpoint` of its own"
             )
         backend.policy_backend = parent
+        backend.record_logprobs = self.sampling_logprobs
         return backend
 
     def rollout(

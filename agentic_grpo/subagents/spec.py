@@ -83,6 +83,11 @@ class SubAgentConfig:
         default=None,
         metadata={"help": "Sampling temperature; unset: the policy's sampling for `model: policy`, greedy otherwise."},
     )
+    sampling_logprobs: bool = field(
+        default=False,
+        metadata={"help": "With `model: policy`: keep each token's sampling log-prob in the sub-agent's trajectory "
+                  "(one forward pass more per turn), for a trainer of sub-agents."},
+    )  # fmt: skip
     row_columns: list[str] = field(
         default_factory=list,
         metadata={"help": "Columns of the policy's dataset row given to the sub-task's row (the task is `question`)."},
@@ -128,6 +133,8 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
         raise PluginError(
             f"{where}: `adapter` is a LoRA adapter on the policy's base model: use it with `model: policy`"
         )
+    if spec.sampling_logprobs and (spec.endpoint or spec.model != "policy"):
+        raise PluginError(f"{where}: `sampling_logprobs` is for sub-agents on the policy's model (`model: policy`)")
     if spec.adapter_path and not spec.adapter:
         raise PluginError(f"{where}: `adapter_path` needs `adapter`, the name to load it under")
     child = _child_config(spec, parent)
@@ -146,7 +153,7 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
             spec.max_concurrency, spec.temperature,
         )  # fmt: skip
     elif spec.model == "policy":
-        source = PolicySource(spec.adapter, spec.adapter_path, spec.temperature)
+        source = PolicySource(spec.adapter, spec.adapter_path, spec.temperature, spec.sampling_logprobs)
     else:
         source = ModelSource(spec.model, spec.temperature)
     return SubAgent(spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns))
