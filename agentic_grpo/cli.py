@@ -144,7 +144,7 @@ def _eval(args: argparse.Namespace) -> int:
     from datasets import load_dataset
 
     from agentic_grpo.data import check_columns
-    from agentic_grpo.evaluate import EvaluationError, evaluate, load_policy, write_report
+    from agentic_grpo.evaluate import EvaluationError, evaluate, load_policy_for, write_report
     from agentic_grpo.reward_setup import check_reward_columns
     from agentic_grpo.run_parts import build_recipe
 
@@ -171,7 +171,7 @@ def _eval(args: argparse.Namespace) -> int:
         rows = list(rows)[: args.limit] if args.limit else list(rows)
         if args.k < 1:
             raise ValueError("-k must be at least 1")
-        model, tokenizer = load_policy(args.model)
+        model, tokenizer = load_policy_for(args.model, built.rollout_parts)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -234,8 +234,8 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.panel import Panel
-    from rich.text import Text
+
+    from agentic_grpo.trajectory_view import trajectory_view
 
     path = Path(args.path)
     if path.is_dir():
@@ -266,42 +266,14 @@ def _show(args: argparse.Namespace) -> int:
     chosen = [records[args.index]] if args.index is not None else records[: args.limit]
     console = Console()
     console.print(f"[bold]{path}[/bold]: {len(records)} trajectories")
-    styles = {"model": "green", "tool": "yellow"}
     for number, record in enumerate(chosen):
-        body = Text()
-        row = record.get("row") or {}
-        question = row.get("question") or record.get("prompt")
-        body.append(f"Q: {question}\n", style="bold")
-        for segment in record["segments"][1:]:
-            body.append(segment["text"], style=styles.get(segment["role"], ""))
-        # Scores go in the body, which wraps; a panel title is cut at the terminal's width.
-        shown = dict(record.get("rewards") or {})
-        shown.update({k: record[k] for k in ("reward", "advantage", "correct", "error") if k in record})
-        scores = [f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in shown.items()]
-        body.append(f"\n\nanswer={record.get('final_answer')!r}  gold={row.get('answer')!r}\n", style="bold")
-        body.append("  ".join(scores), style="bold")
-        body.append(_turn_line(record), style="cyan")
         number = args.index if args.index is not None else number
-        console.print(Panel(body, title=f"#{number}  finish={record['finish_reason']}", title_align="left"))
-    console.print("[green]model tokens (trained)[/green]  [yellow]tool output (not trained)[/yellow]")
+        console.print(trajectory_view(record, f"#{number}  finish={record['finish_reason']}"))
+    legend = "[green]model tokens (trained)[/green]  [yellow]tool output (not trained)[/yellow]"
+    if any(record.get("children") for record in chosen):
+        legend += "  [magenta]sub-agent trajectories (under the call; never in the caller's loss)[/magenta]"
+    console.print(legend)
     return 0
-
-
-def _turn_line(record: dict) -> str:
-    """Per-turn rewards (and advantages, when a turn-level estimator set them), one entry per model turn."""
-    rewards, advantages = record.get("turn_rewards"), record.get("turn_advantages")
-    if not rewards and not advantages:
-        return ""
-    turns = max(len(rewards or []), len(advantages or []))
-    parts = []
-    for k in range(turns):
-        part = f"{k + 1}:"
-        if rewards and k < len(rewards):
-            part += f" r={round(rewards[k], 4)}"
-        if advantages and k < len(advantages):
-            part += f" A={round(advantages[k], 4)}"
-        parts.append(part)
-    return "\nturns  " + "  ".join(parts)
 
 
 if __name__ == "__main__":

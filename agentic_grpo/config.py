@@ -68,6 +68,16 @@ class AgenticGRPOConfig(GRPOConfig):
             "`response_prefix`. tool_call: `instructions`, `answer_pattern`. A misspelled key is refused."
         },
     )
+    subagents: list[dict] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Sub-agents the policy can call as tools: a list of `{name, description, ...}`. A call runs the "
+            "sub-agent's whole rollout (its own `environment`, `format`, budgets) and returns its final answer. Who "
+            "answers: `adapter: NAME` (a LoRA adapter on the policy's base model), `model: PATH` (a frozen model) or "
+            "`endpoint: URL` + `endpoint_model` (an OpenAI-compatible server). All keys: "
+            "agentic_grpo.subagents.SubAgentConfig."
+        },
+    )
     max_turns: int = field(default=6, metadata={"help": "Most model turns per trajectory (each may call a tool)."})
     max_tokens_per_turn: int = field(default=256, metadata={"help": "Most tokens the model writes in one turn."})
     max_tool_output_tokens: int = field(
@@ -180,6 +190,9 @@ class AgenticGRPOConfig(GRPOConfig):
                 setattr(self, name, yaml.safe_load(value))
             if getattr(self, name) is None:
                 setattr(self, name, {})
+        if isinstance(self.subagents, str):
+            self.subagents = yaml.safe_load(self.subagents)
+        self.subagents = list(self.subagents or [])
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if self.advantage not in ("outcome", "turn", "anchor"):

@@ -27,8 +27,9 @@ class EvaluationError(RuntimeError):
         self.records = records
 
 
-def load_policy(path: str) -> tuple[Any, Any]:
-    """Model and tokenizer from a model directory, hub id, alias, or LoRA adapter directory."""
+def load_policy(path: str, merge: bool = True) -> tuple[Any, Any]:
+    """Model and tokenizer from a model directory, hub id, alias, or LoRA adapter directory (merged into its base
+    unless `merge=False`: sub-agents that run under LoRA adapters need the policy's PeftModel)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentic_grpo.models import resolve_model
@@ -39,9 +40,15 @@ def load_policy(path: str) -> tuple[Any, Any]:
 
         model = AutoPeftModelForCausalLM.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return model.merge_and_unload(), tokenizer
+        return (model.merge_and_unload() if merge else model), tokenizer
     resolved = resolve_model(path)
     return AutoModelForCausalLM.from_pretrained(resolved), AutoTokenizer.from_pretrained(resolved)
+
+
+def load_policy_for(path: str, parts: RolloutParts) -> tuple[Any, Any]:
+    """`load_policy` for a recipe's parts: a LoRA policy stays unmerged when its sub-agents run under adapters."""
+    adapters = any(getattr(a, "adapter", None) not in (None, "__base__") for a in parts.all_agents())
+    return load_policy(path, merge=not adapters)
 
 
 def evaluate(
@@ -81,6 +88,10 @@ def evaluate(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos_ids,
     )
+    if parts.agents:  # sub-agents under LoRA adapters run on this model: their adapters join it
+        from agentic_grpo.subagents.sources import attach_adapters
+
+        attach_adapters(model, parts.all_agents())
     own_pool = sandbox_pool is None
     pool = parts.sandbox_pool(rank=0) if own_pool else sandbox_pool
     manager = parts.rollout_manager(tokenizer, pool)
@@ -119,6 +130,12 @@ def evaluate(
         "tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
         "invalid_rate": sum(t.invalid for t in trajectories) / n,
     }
+    if parts.agents:
+        from agentic_grpo.subagents import subagent_usage
+
+        subagent_calls, subagent_tokens, _ = subagent_usage(trajectories)
+        metrics["subagent_calls_per_trajectory"] = subagent_calls / n
+        metrics["subagent_tokens_per_trajectory"] = subagent_tokens / n
     for name, values in scores.items():
         given = [v for v in values if v is not None]
         metrics[f"rewards/{name}/mean"] = sum(given) / len(given) if given else None
@@ -179,7 +196,7 @@ def evaluate_held_out(model: str, recipe: str | Path, questions: int, k: int = 1
     )
     if built.test is None:
         raise ValueError(f"recipe `{recipe}` has no held-out split: set `num_test` (or `test_split`)")
-    policy, tokenizer = load_policy(model)
+    policy, tokenizer = load_policy_for(model, built.rollout_parts)
     rows = list(built.test)[:questions]
     return evaluate(policy, tokenizer, built.rollout_parts, built.rewards, rows, k=k, progress=False)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +78,8 @@ class RolloutManager:
         tokenizer: the policy's tokenizer (chat template included).
         limits: turn, token and time budgets.
         sandbox_pool: hands out one slot per trajectory when the environment needs one.
+        agents: sub-agents the model can call as tools (`agentic_grpo.subagents`); each turn's calls to one
+            sub-agent run as one nested, batched rollout, and each child trajectory is kept under its parent.
     """
 
     def __init__(
@@ -87,12 +89,14 @@ class RolloutManager:
         tokenizer: Any,
         limits: RolloutLimits,
         sandbox_pool: Any = None,
+        agents: Sequence[Any] = (),
     ) -> None:
         self.environment_factory = environment_factory
         self.format = trajectory_format
         self.tokenizer = tokenizer
         self.limits = limits
         self.sandbox_pool = sandbox_pool
+        self.agents = {agent.name: agent for agent in agents}
         self._wrapper = user_turn_wrapper(tokenizer)
         self._executor: ThreadPoolExecutor | None = None
 
@@ -105,7 +109,7 @@ class RolloutManager:
         environments: list[tuple[ToolEnvironment, Any]] = []
         try:
             for row in rows:
-                environments.append(self._open_environment(row))
+                environments.append(self.open_environment(row))
             for _ in range(self.limits.max_turns):
                 live = [i for i, t in enumerate(trajectories) if t.finish_reason == "running"]
                 if not live:
@@ -114,15 +118,15 @@ class RolloutManager:
                 for i in live:  # the state each turn's action is taken from (the `anchor` advantage groups by it)
                     trajectories[i].turn_states.append(environments[i][0].state_hash())
                 calls = self._model_turn(trajectories, live, backend, stats)
-                self._tool_turn(trajectories, environments, calls, stats)
+                self._tool_turn(trajectories, environments, calls, stats, rows, backend)
                 for i in live:
-                    self._book_payments(trajectories[i], environments[i][0])
+                    self.book_payments(trajectories[i], environments[i][0])
             for t in trajectories:
                 if t.finish_reason == "running":
                     t.finish_reason = "max_turns"
         finally:
             for environment, slot in environments:
-                self._close_environment(environment, slot)
+                self.close_environment(environment, slot)
         return trajectories, stats
 
     def _start(self, prompt: Any) -> Trajectory:
@@ -180,20 +184,37 @@ class RolloutManager:
         environments: list[tuple[ToolEnvironment, Any]],
         calls: dict[int, tuple[ToolCall | Malformed, str]],
         stats: RolloutStats,
+        rows: list[dict[str, Any]],
+        backend: GenerationBackend,
     ) -> None:
-        """Run this turn's calls concurrently and append each observation as a non-trainable segment."""
+        """Run this turn's calls concurrently and append each observation as a non-trainable segment.
+
+        Calls to sub-agents are bounded by the sub-agents' own budgets, not by `tool_timeout`.
+        """
         start = time.perf_counter()
         if self._executor is None:  # started on first use, again after `close()`
             self._executor = ThreadPoolExecutor(max_workers=self.limits.tool_workers, thread_name_prefix="tools")
+        delegated = None
+        if self.agents:
+            from agentic_grpo.subagents.agent import DelegatedCalls
+
+            delegated = DelegatedCalls(
+                self._executor, self.agents, trajectories, calls, rows, backend, self.tokenizer, self.sandbox_pool
+            )
         futures = {
             i: self._executor.submit(environments[i][0].execute, call, self.limits.tool_timeout)
             for i, (call, _) in calls.items()
-            if isinstance(call, ToolCall)
+            if isinstance(call, ToolCall) and not (delegated is not None and i in delegated)
         }
         for i, (call, stop_reason) in calls.items():
             trajectory = trajectories[i]
             if isinstance(call, ToolCall):
-                result = futures[i].result()
+                if delegated is not None and i in delegated:
+                    result, child = delegated.result(i)
+                    if child is not None:
+                        trajectory.children.append(child)
+                else:
+                    result = futures[i].result()
                 result.output, cut = truncate_tool_output(
                     result.output, self.tokenizer, self.limits.max_tool_output_tokens
                 )
@@ -209,7 +230,7 @@ class RolloutManager:
         stats.tool_seconds += time.perf_counter() - start
 
     @staticmethod
-    def _book_payments(trajectory: Trajectory, environment: ToolEnvironment) -> None:
+    def book_payments(trajectory: Trajectory, environment: ToolEnvironment) -> None:
         """This turn's rewards: what the environment paid while running the turn's tool call."""
         trajectory.turn_rewards.extend([0.0] * (trajectory.turns - len(trajectory.turn_rewards)))
         for fact, amount in environment.take_payments():
@@ -235,7 +256,8 @@ class RolloutManager:
         )
         return prefix + body + suffix, ids
 
-    def _open_environment(self, row: dict[str, Any]) -> tuple[ToolEnvironment, Any]:
+    def open_environment(self, row: dict[str, Any]) -> tuple[ToolEnvironment, Any]:
+        """A fresh environment for one trajectory, reset on `row`, with its own sandbox slot when it runs code."""
         environment = self.environment_factory()
         slot = None
         if environment.needs_sandbox:
@@ -246,11 +268,12 @@ class RolloutManager:
         try:
             environment.reset(row)
         except Exception:
-            self._close_environment(environment, slot)
+            self.close_environment(environment, slot)
             raise
         return environment, slot
 
-    def _close_environment(self, environment: ToolEnvironment, slot: Any) -> None:
+    def close_environment(self, environment: ToolEnvironment, slot: Any) -> None:
+        """Close a trajectory's environment and give its slot back (kept, not reused, while a call still runs)."""
         try:
             environment.close()
         finally:

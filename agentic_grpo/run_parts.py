@@ -11,20 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat, load_format
 from agentic_grpo.plugins import PluginError, check_options, import_object
 from agentic_grpo.rollout import RolloutLimits, RolloutManager
 
+if TYPE_CHECKING:
+    from agentic_grpo.subagents import SubAgent
 
-def load_environment(path: str) -> type[ToolEnvironment]:
-    """The environment class named by a recipe, checked to be a `ToolEnvironment` with valid tool schemas."""
-    cls = import_object(path, what="environment")
+
+def load_environment(path: str | type, allow_no_tools: bool = False) -> type[ToolEnvironment]:
+    """The environment class named by a recipe (or given), checked to be a `ToolEnvironment` with valid tool
+    schemas; one without tools only when `allow_no_tools` (an agent whose tools are sub-agents, or none)."""
+    cls = path if isinstance(path, type) else import_object(path, what="environment")
     if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
         raise PluginError(f"environment `{path}` is not a subclass of agentic_grpo.ToolEnvironment")
-    if not cls.tools():
+    if not cls.tools() and not allow_no_tools:
         raise PluginError(f"environment `{path}` has no tools: add public methods with type hints and docstrings")
     cls.tool_schemas()  # raises, naming the tool, when a docstring or hint is missing
     return cls
@@ -42,6 +46,8 @@ class RolloutParts:
     """The `SandboxConfig` of code-running environments (None when the environment runs no code)."""
     environment_factory: Callable[[], ToolEnvironment] | None = field(default=None, repr=False)
     """Overrides `environment(**environment_kwargs)`, for user code that builds environments itself."""
+    agents: list[SubAgent] = field(default_factory=list)
+    """Sub-agents the policy can call as tools (recipe field `subagents`), each with parts of its own."""
 
     def make_environment(self) -> ToolEnvironment:
         if self.environment_factory is not None:
@@ -57,7 +63,13 @@ class RolloutParts:
         return SandboxPool(self.sandbox, rank=rank)
 
     def rollout_manager(self, tokenizer: Any, sandbox_pool: Any = None) -> RolloutManager:
-        return RolloutManager(self.make_environment, self.trajectory_format, tokenizer, self.limits, sandbox_pool)
+        return RolloutManager(
+            self.make_environment, self.trajectory_format, tokenizer, self.limits, sandbox_pool, agents=self.agents
+        )
+
+    def all_agents(self) -> list[SubAgent]:
+        """Every sub-agent of the tree below these parts: children before their own sub-agents."""
+        return [found for agent in self.agents for found in (agent, *agent.parts.all_agents())]
 
 
 @dataclass
@@ -107,14 +119,25 @@ def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dic
     return built
 
 
-def build_rollout_parts(config: Any) -> RolloutParts:
-    """The rollout side of a recipe's `AgenticGRPOConfig`; raises ValueError naming what is wrong."""
-    environment = load_environment(config.environment)
+def build_rollout_parts(config: Any, tools_required: bool = True) -> RolloutParts:
+    """The rollout side of a recipe's `AgenticGRPOConfig` (sub-agents included); raises ValueError naming what is
+    wrong. `tools_required=False` for a sub-agent, which may be a model that only answers."""
+    from agentic_grpo.subagents.spec import build_subagents
+
+    agents = build_subagents(getattr(config, "subagents", None), config)
+    environment = load_environment(config.environment, allow_no_tools=True)
     kwargs = dict(config.environment_kwargs or {})
     check_options(environment, kwargs, f"environment `{config.environment}` (recipe field `environment_kwargs`)")
-    trajectory_format = load_format(config.format, environment.tool_schemas(), **(config.format_kwargs or {}))
+    clash = sorted(set(environment.tools()) & {a.name for a in agents})
+    if clash:
+        raise PluginError(f"sub-agent name(s) {clash} are also tools of `{config.environment}`: rename the sub-agent")
+    schemas = environment.tool_schemas() + [agent.tool_schema() for agent in agents]
+    if not schemas and tools_required:
+        raise PluginError(f"environment `{config.environment}` has no tools: add public methods with type hints and "
+                          "docstrings, or sub-agents (recipe field `subagents`)")  # fmt: skip
+    trajectory_format = load_format(config.format, schemas, **(config.format_kwargs or {}))
     sandbox = None
-    if environment.needs_sandbox:
+    if environment.needs_sandbox or any(a.parts.sandbox is not None for a in agents):
         from agentic_grpo.sandbox import SandboxConfig
 
         # The sandbox owns the deadline of code tools: `tool_timeout` is its per-command limit.
@@ -122,4 +145,6 @@ def build_rollout_parts(config: Any) -> RolloutParts:
             mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb,
             workspace_mb=config.sandbox_workspace_mb,
         )  # fmt: skip
-    return RolloutParts(environment, kwargs, trajectory_format, RolloutLimits.from_config(config), sandbox)
+    return RolloutParts(
+        environment, kwargs, trajectory_format, RolloutLimits.from_config(config), sandbox, agents=agents
+    )

@@ -79,14 +79,20 @@ def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -
 
 
 @contextlib.contextmanager
-def evaluation_mode(model: torch.nn.Module) -> Any:
-    """`model` in eval mode (no dropout) for the block, then back in the mode it was in."""
-    was_training = model.training
-    model.eval()
+def dropout_off(model: torch.nn.Module) -> Any:
+    """Every module below `model` in eval mode (no dropout, functional attention dropout included) for the block.
+
+    `model.training` itself is left as it is: TRL and this trainer read it to tell a training step from an
+    evaluation (which metrics a value goes to, whether trajectories are saved).
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    for module in model.children():
+        module.eval()
     try:
         yield
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
 
 
 def nan_if_none(value: float | None) -> float:
@@ -149,6 +155,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
         if self.sandbox_pool is not None:  # slots and workspaces go with the trainer, or at exit
             weakref.finalize(self, self.sandbox_pool.close)
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
+        if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
+            from agentic_grpo.subagents.sources import attach_adapters
+
+            attach_adapters(self.model, parts.all_agents())
         self.generation_backend = generation_backend
         self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
         self.add_callback(RunFilesCallback(self))
@@ -168,7 +178,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
             # Sample and score with dropout off: TRL leaves the policy in train mode here, and LoRA or attention
             # dropout would otherwise draw random masks for the sampled tokens and for the old and reference
             # log-probs computed from them. The loss itself runs later, in the mode the Trainer sets.
-            with self._rows_of(rows), evaluation_mode(self.model):
+            with self._rows_of(rows), dropout_off(self.model):
                 output = super()._generate_and_score_completions(inputs)
         except Exception as exc:
             # A reward that raises ends the run; the step's trajectories are what its author needs to debug it.
@@ -222,6 +232,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
         backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
         trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend)
         self._log_rollout(trajectories, stats)
+        if self.rollout_parts.agents:
+            from agentic_grpo.subagents.usage import log_subagent_metrics
+
+            log_subagent_metrics(self, trajectories)
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],

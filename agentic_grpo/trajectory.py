@@ -58,10 +58,30 @@ class Segment:
         return self.role == "model"
 
 
-FinishReason = Literal["final_answer", "max_turns", "length", "eos", "running"]
+FinishReason = Literal["final_answer", "max_turns", "length", "eos", "error", "running"]
 """Why a trajectory ended: `final_answer` (a complete turn gave one), `max_turns` (out of turns),
 `length` (a turn was cut by `max_tokens_per_turn` or the trajectory's token budget: whatever that
-turn wrote, answer or tool call, is not acted on). Only `length` counts as truncated."""
+turn wrote, answer or tool call, is not acted on), `error` (a sub-agent's generation failed, e.g. its
+endpoint did not answer; the reason is in `notes["error"]`). Only `length` counts as truncated."""
+
+
+@dataclass
+class Delegation:
+    """Where a sub-agent's trajectory came from: which agent, which policy, which call of which parent turn."""
+
+    agent: str
+    """The sub-agent's name: the tool the parent called (its role)."""
+    policy: str
+    """What generated its tokens: `policy` (the parent's weights), `adapter:NAME` (a LoRA adapter on the
+    policy's base model), `model:PATH` (a frozen model of its own) or `endpoint:URL#MODEL`."""
+    row: dict[str, Any]
+    """The sub-task row the child was prompted from and its environment was reset with (`question` = the task)."""
+    parent_turn: int
+    """The parent's model turn (0-based) whose tool call started it."""
+    call_index: int
+    """Its call's index in the parent's `tool_calls`."""
+    adapter: str | None = None
+    """The LoRA adapter that generated its tokens, when it ran on the policy's base model."""
 
 
 @dataclass
@@ -112,6 +132,11 @@ class Trajectory:
     """The weighted reward the advantage was computed from (a missing reward counted as its group's mean)."""
     notes: dict[str, Any] = field(default_factory=dict)
     """What rewards recorded about this trajectory (e.g. a judge's raw reply), saved with it."""
+    children: list[Trajectory] = field(default_factory=list)
+    """Trajectories of the sub-agents this one called, in call order. Their tokens are not in this trajectory's
+    completion: only each child's answer is, as the observation of the call (a tool segment, never trained)."""
+    delegation: Delegation | None = None
+    """Set on a sub-agent's trajectory: who called it and with what (None for a trajectory of the policy itself)."""
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -164,4 +189,6 @@ class Trajectory:
             **({"turn_states": list(self.turn_states)} if any(s is not None for s in self.turn_states) else {}),
             **({"turn_advantages": list(self.turn_advantages)} if self.turn_advantages is not None else {}),
             **({"notes": dict(self.notes)} if self.notes else {}),
+            **({"delegation": asdict(self.delegation)} if self.delegation is not None else {}),
+            **({"children": [child.to_dict() for child in self.children]} if self.children else {}),
         }

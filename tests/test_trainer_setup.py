@@ -39,7 +39,7 @@ class RecordingBackend(ScriptedBackend):
         self.training_at_generate: list[bool] = []
 
     def generate(self, batch, stop, max_new_tokens):
-        modules = list(self.trainer.model.modules())
+        modules = list(self.trainer.model.modules())[1:]  # the root's flag only tells TRL train from eval
         self.training_at_generate.append(any(m.training for m in modules))
         return super().generate(batch, stop, max_new_tokens)
 
@@ -65,7 +65,7 @@ def test_rollouts_sample_and_score_with_dropout_off_and_training_resumes_in_trai
     score = trainer._get_per_token_logps_and_entropies
 
     def recording_score(model, *args, **kwargs):
-        scoring_in_train_mode.append(any(m.training for m in model.modules()))
+        scoring_in_train_mode.append(any(m.training for m in list(model.modules())[1:]))
         return score(model, *args, **kwargs)
 
     trainer._get_per_token_logps_and_entropies = recording_score
@@ -73,7 +73,8 @@ def test_rollouts_sample_and_score_with_dropout_off_and_training_resumes_in_trai
     output = trainer._generate_and_score_completions(rows * 2)
     assert trainer.generation_backend.training_at_generate and not any(trainer.generation_backend.training_at_generate)
     assert output.get("old_per_token_logps") is not None and scoring_in_train_mode == [False]
-    assert trainer.model.training
+    assert all(m.training for m in trainer.model.modules())
+    assert trainer._metrics["train"]["tools/call_rate"]  # still booked as a training step, not an evaluation
 
 
 def test_trainer_evaluates_and_trains_again_after_train(trainer, tmp_path):

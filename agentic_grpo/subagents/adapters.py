@@ -1,0 +1,187 @@
+"""Generation under a chosen LoRA adapter of the policy's one PeftModel, without disturbing the policy.
+
+Sub-agents that run on the policy's base model are named adapters on the same PeftModel, so the base
+weights exist once. A sub-agent selects its adapter for one `generate` call at a time and puts back what
+it found: the active adapter, every parameter's `requires_grad` (PEFT's `set_adapter` changes it, and a
+later multi-policy trainer must not find its adapters frozen or thawed behind its back) and train/eval mode.
+Generation runs in eval mode (no dropout masks on sampled tokens) and without gradients.
+
+A lock per model serialises these calls: two sub-agents on the same model run in parallel threads (one
+job per sub-agent per parent turn), and neither an adapter switch nor TRL's unwrapping for generation
+(which changes the model's generation config for the call) may happen in the middle of another
+sub-agent's `generate`. The parent's own generation never overlaps them: its turn loop generates, then
+waits for the turn's tool calls (sub-agents included) before it generates again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from agentic_grpo.backends import TrainerBackend, TransformersBackend
+
+BASE = "__base__"
+"""The adapter name that means "the base model, every adapter disabled" (PEFT's own name for it)."""
+
+_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def model_lock(model: Any) -> threading.RLock:
+    """The lock every sub-agent generation on `model` holds (one per model object)."""
+    with _locks_guard:
+        if model not in _locks:
+            _locks[model] = threading.RLock()
+        return _locks[model]
+
+
+def is_peft_model(model: Any) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+@contextlib.contextmanager
+def generating_as(model: Any, adapter: str | None) -> Iterator[Any]:
+    """`model` in eval mode, generating under `adapter` (None: as it is; `BASE`: adapters disabled), then restored.
+
+    Hold `model_lock(model)` around it when other threads may generate on the same model.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        if adapter is None:
+            yield model
+        elif not is_peft_model(model):
+            raise ValueError(
+                f"a sub-agent asks for LoRA adapter `{adapter}`, but the policy is not a PEFT model: train with "
+                "`use_peft: true` (adapters share the policy's base weights), or give the sub-agent a `model` of its own"
+            )
+        elif adapter == BASE:
+            with model.disable_adapter():
+                yield model
+        else:
+            with _active_adapter(model, adapter):
+                yield model
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def _active_adapter(model: Any, adapter: str) -> Iterator[None]:
+    if adapter not in model.peft_config:
+        raise ValueError(f"the policy has no LoRA adapter `{adapter}` (it has: {', '.join(model.peft_config)})")
+    previous = model.active_adapters
+    if len(previous) != 1:
+        raise ValueError(f"the policy has several active adapters {previous}; a sub-agent can only switch from one")
+    grads = {name: p.requires_grad for name, p in model.named_parameters()}
+    model.set_adapter(adapter, inference_mode=True)
+    try:
+        yield
+    finally:
+        model.set_adapter(previous[0])
+        for name, p in model.named_parameters():
+            if p.requires_grad != grads.get(name, p.requires_grad):
+                p.requires_grad_(grads[name])
+
+
+def attach_adapter(model: Any, name: str, path: str | None) -> None:
+    """Add LoRA adapter `name` to the policy's PeftModel, frozen: loaded from `path`, or new with the config of
+    the policy's own adapter (a new adapter starts as the base model: its B matrices are zero).
+
+    The active adapter, the trainable parameters and train/eval mode stay as they were. Does nothing when the
+    model already has an adapter of that name.
+    """
+    if not is_peft_model(model):
+        raise ValueError(
+            f"sub-agent adapter `{name}` needs a PEFT policy (`use_peft: true`): its adapters share the policy's base "
+            "weights. Give the sub-agent a `model` of its own instead, or train the policy with LoRA"
+        )
+    if name in model.peft_config:
+        return
+    import copy
+
+    was_training = model.training
+    with model_lock(model):
+        if path is not None:
+            model.load_adapter(path, adapter_name=name, is_trainable=False)  # puts the model in eval mode
+        else:
+            config = copy.deepcopy(model.peft_config[model.active_adapter])
+            config.inference_mode = True
+            if hasattr(config, "init_lora_weights"):  # the policy's may have been made random; a new one is the base
+                config.init_lora_weights = True
+            model.add_adapter(name, config)
+    model.train(was_training)
+
+
+class _OnAdapter:
+    """Mixin for a backend on the policy's model: every `generate` holds the model's lock and runs under `adapter`."""
+
+    adapter: str | None = None
+    model: Any
+    policy_backend: Any = None
+    """The trained policy's backend, which sub-agents of this backend's sub-agent derive theirs from."""
+    record_logprobs: bool = False
+    """Also return each new token's sampling log-prob (one forward pass more per call), for a trainer of sub-agents."""
+
+    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Any]:
+        generations = super().generate(batch, stop, max_new_tokens)  # type: ignore[misc]
+        if self.record_logprobs and any(g.token_ids for g in generations):
+            self._add_logprobs(batch, generations)
+        return generations
+
+    def _add_logprobs(self, batch: list[list[int]], generations: list[Any]) -> None:
+        """The log-prob of every new token under this adapter at the sampling temperature (before top-k/top-p,
+        as TRL computes its per-token log-probs), from one forward pass over context + new tokens."""
+        import torch
+
+        config = self.generation_config  # type: ignore[attr-defined]
+        temperature = config.temperature if config.do_sample and config.temperature else 1.0
+        rows = [ids + g.token_ids for ids, g in zip(batch, generations, strict=True)]
+        width = max(len(r) for r in rows)
+        input_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):  # right padding: each row's positions start at 0
+            input_ids[i, : len(row)] = torch.tensor(row)
+            attention_mask[i, : len(row)] = 1
+        with self._generating_model() as model:
+            logits = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device)).logits
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).cpu()
+        for i, (context, generation) in enumerate(zip(batch, generations, strict=True)):
+            positions = torch.arange(len(context) - 1, len(context) - 1 + len(generation.token_ids))
+            chosen = torch.tensor(generation.token_ids)
+            generation.logprobs = logprobs[i, positions, chosen].tolist()
+
+    @contextlib.contextmanager
+    def _generating_model(self) -> Iterator[Any]:
+        # The lock is taken on the model the backend holds (the trainer's, possibly wrapped) before unwrapping:
+        # TRL's unwrapping itself changes the model (its generation config, gradient checkpointing) for the call.
+        with (
+            model_lock(self.model),
+            super()._generating_model() as model,  # type: ignore[misc]
+            generating_as(model, self.adapter),
+        ):
+            yield model
+
+
+class AdapterBackend(_OnAdapter, TransformersBackend):
+    """HF `generate` on a model held in this process, under `adapter` (a fresh backend: no state shared with the parent's)."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: list[int], adapter: str | None
+    ):
+        super().__init__(model, tokenizer, generation_config, eos_token_ids)
+        self.adapter = adapter
+
+
+class TrainerAdapterBackend(_OnAdapter, TrainerBackend):
+    """HF `generate` on the policy a trainer is training (unwrapped as for the policy's own turns), under `adapter`."""
+
+    def __init__(self, trainer: Any, adapter: str | None, generation_config: Any = None) -> None:
+        super().__init__(trainer)
+        self.adapter = adapter
+        if generation_config is not None:
+            self.generation_config = generation_config

