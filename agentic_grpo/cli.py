@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                        "the recipe's (a judge whose endpoint does not answer is reported as skipped)")  # fmt: skip
     audit.add_argument("--judge-model", help="the model name to ask at --judge-endpoint")
     audit.add_argument("--tokenizer", help="tokenizer to use instead of the recipe model's")
+    audit.add_argument("--strict", action="store_true", help="also fail when any one reward pays a gaming probe "
+                       "more than the honest trajectory, even if the weighted total does not")  # fmt: skip
     audit.add_argument("--output", help="JSON report path (default: outputs/audit/RECIPE.json)")
     audit.set_defaults(func=_audit)
 
@@ -169,6 +171,8 @@ def _eval(args: argparse.Namespace) -> int:
         check_columns(rows, ["question"], "evaluation data")
         check_reward_columns(built.rewards, rows.column_names, "evaluation data")
         rows = list(rows)[: args.limit] if args.limit else list(rows)
+        if args.data:
+            rows = without_training_questions(rows, built.recipe.dataset)
         if args.k < 1:
             raise ValueError("-k must be at least 1")
         model, tokenizer = load_policy_for(args.model, built.rollout_parts)
@@ -194,6 +198,25 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def without_training_questions(rows: list[dict], dataset: object) -> list[dict]:
+    """`rows` less any question the recipe trains on (held-out figures must be held out), saying how many went."""
+    from agentic_grpo.data import load_task_data
+
+    try:
+        train, _ = load_task_data(dataset)
+    except (ValueError, OSError) as exc:
+        print(f"note: the recipe's training data cannot be loaded ({exc}); --data rows are not checked against it")
+        return rows
+    trained = set(train["question"])
+    kept = [row for row in rows if row["question"] not in trained]
+    if len(kept) < len(rows):
+        print(f"note: {len(rows) - len(kept)} of {len(rows)} --data rows are training questions of the recipe; "
+              f"evaluating on the other {len(kept)}")  # fmt: skip
+    if not kept:
+        raise ValueError("every --data row is a training question of the recipe")
+    return kept
+
+
 def _audit(args: argparse.Namespace) -> int:
     import warnings
 
@@ -205,7 +228,7 @@ def _audit(args: argparse.Namespace) -> int:
     try:
         report = audit_recipe(
             args.recipe, data=args.data, limit=args.limit, judge_endpoint=args.judge_endpoint,
-            judge_model=args.judge_model, tokenizer_path=args.tokenizer,
+            judge_model=args.judge_model, tokenizer_path=args.tokenizer, strict=args.strict,
         )  # fmt: skip
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

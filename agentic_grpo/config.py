@@ -123,6 +123,18 @@ class AgenticGRPOConfig(GRPOConfig):
         default=_SANDBOX_DEFAULTS["workspace_mb"].default,
         metadata={"help": "Total size of a trajectory's sandbox workspace, in MB (0 = no total cap)."},
     )
+    sandbox_workspace_inodes: int = field(
+        default=_SANDBOX_DEFAULTS["workspace_inodes"].default,
+        metadata={"help": "Most files and directories in a trajectory's sandbox workspace (with the size cap)."},
+    )
+    sandbox_cpu_cores: float = field(
+        default=_SANDBOX_DEFAULTS["cpu_cores"].default,
+        metadata={"help": "CPU one sandbox slot may use at once, in cores (a cgroup quota where one is in force)."},
+    )
+    sandbox_max_processes: int = field(
+        default=_SANDBOX_DEFAULTS["max_processes"].default,
+        metadata={"help": "Most processes and threads alive at once in one sandbox slot."},
+    )
     save_trajectories_steps: int = field(
         default=1,
         metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},

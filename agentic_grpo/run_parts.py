@@ -143,7 +143,8 @@ def build_rollout_parts(config: Any, tools_required: bool = True) -> RolloutPart
         # The sandbox owns the deadline of code tools: `tool_timeout` is its per-command limit.
         sandbox = SandboxConfig(
             mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb,
-            workspace_mb=config.sandbox_workspace_mb,
+            workspace_mb=config.sandbox_workspace_mb, workspace_inodes=config.sandbox_workspace_inodes,
+            cpu_cores=config.sandbox_cpu_cores, max_processes=config.sandbox_max_processes,
         )  # fmt: skip
     return RolloutParts(
         environment, kwargs, trajectory_format, RolloutLimits.from_config(config), sandbox, agents=agents

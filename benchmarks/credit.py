@@ -3,7 +3,10 @@
 Arms (each a real `train` run of the recipe with one change):
     outcome       `advantage: outcome`: TRL's GRPO on the recipe's rewards
     outcome_sum   `advantage: outcome` plus the summed per-turn rewards as one more scalar reward
-                  (`agentic_grpo.rewards.turns:TurnRewardSum`): the same information, no credit assignment
+                  (`agentic_grpo.rewards.turns:TurnRewardSum`): the same information, no credit assignment.
+                  Its sum joins the other rewards before TRL's group normalisation (divided by the group's
+                  std), while the `turn` term is added to the advantage unnormalised (times turn_lambda):
+                  the two arms differ in scale as well as in where the credit goes.
     turn          `advantage: turn`
     anchor        `advantage: anchor`
 Every `--eval-every` steps a checkpoint is saved; afterwards each is evaluated on the recipe's held-out

@@ -19,10 +19,23 @@ _NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?$")
 # trailing period ("$1,234.", "386064 pens", "12 square meters"); nothing else, and no operator.
 _PLAIN_NUMBER = re.compile(
     r"^\$?\s*(?P<number>[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)\s*%?"
-    r"(?:\s+[A-Za-z]+(?:[- ][A-Za-z]+){0,2})?\s*[.!]?$"
+    r"(?:\s+(?P<words>[A-Za-z]+(?:[- ][A-Za-z]+){0,2}))?\s*[.!]?$"
 )
-# Binary arithmetic written out: `504 * 766`, `1 - 1/2`, `\frac{1}{2}`, `3 \times 4`, `2^{10}`.
-_OPERATOR = re.compile(r"(?<=[\w)}\].])\s*(?:[-+*/×÷·^]|\\times|\\cdot|\\div)\s*(?=[\w({\[\\.])|\\d?frac|\\sqrt|\*\*")
+# Words after a number that hedge, negate or add to it: "386064 or more", "386064 is wrong" state no answer.
+_NOT_UNITS = frozenset(
+    "or and not no nor is isnt was are were be wrong incorrect false true correct right more less fewer than "
+    "over under about approximately approx around roughly nearly almost maybe perhaps possibly probably likely "
+    "guess at least most plus minus times divided by to of if but else either then so ish".split()
+)  # fmt: skip
+# Arithmetic written out, by kind: `504 * 766`, `1 - 1/2`, `\frac{1}{2}`, `3 \times 4`, `2^{10}`, `\sqrt{2}`.
+_OPERATOR_KINDS = {
+    "+": re.compile(r"(?<=[\w)}\].])\s*\+\s*(?=[\w({\[\\.])"),
+    "-": re.compile(r"(?<=[\w)}\].])\s*-\s*(?=[\w({\[\\.])"),
+    "*": re.compile(r"(?<=[\w)}\].])\s*(?:\*(?!\*)|×|·|\\times|\\cdot)\s*(?=[\w({\[\\.])"),
+    "/": re.compile(r"(?<=[\w)}\].])\s*(?:/|÷|\\div)\s*(?=[\w({\[\\.])|\\d?frac"),
+    "^": re.compile(r"(?<=[\w)}\].])\s*(?:\^|\*\*)\s*(?=[\w({\[\\.])"),
+    "sqrt": re.compile(r"\\sqrt"),
+}
 
 
 def normalize_answer(text: str) -> str:
@@ -49,7 +62,7 @@ def plain_number(text: str) -> Decimal | None:
     boxed = re.fullmatch(r"\$*\s*\\boxed\{(.*)\}\s*\$*", text)
     text = (boxed.group(1) if boxed else text).strip().strip("$").strip()
     found = _PLAIN_NUMBER.match(text)
-    if not found:
+    if not found or any(word in _NOT_UNITS for word in re.split(r"[- ]", (found["words"] or "").lower())):
         return None
     try:
         return Decimal(found["number"].replace(",", ""))
@@ -57,9 +70,17 @@ def plain_number(text: str) -> Decimal | None:
         return None
 
 
-def arithmetic_operators(text: str) -> int:
-    """How many arithmetic operations `text` writes out (`1/2` has one, `504 * 766 + 1` two, `-5` none)."""
-    return len(_OPERATOR.findall(str(text)))
+def arithmetic_operators(text: str) -> dict[str, int]:
+    """How many arithmetic operations of each kind `text` writes out (`1/2`: one `/`; `504 * 766 + 1`: one `*`
+    and one `+`; `-5`: none). `\\frac` counts as `/`, `**` as `^`."""
+    return {kind: len(pattern.findall(str(text))) for kind, pattern in _OPERATOR_KINDS.items()}
+
+
+def writes_more_arithmetic(answer: str, reference: str) -> bool:
+    """True when the answer writes out an operation the reference does not (by kind and count): math-verify would
+    then evaluate the model's arithmetic (`0.25+0.25` for `\\frac{1}{2}`), which restates instead of answering."""
+    reference_counts = arithmetic_operators(reference)
+    return any(n > reference_counts[kind] for kind, n in arithmetic_operators(answer).items())
 
 
 class Correctness:
@@ -69,7 +90,7 @@ class Correctness:
     number: commas, `$`, a unit word or a trailing period are fine, arithmetic is not
     (`504 * 766` restates the question; it does not answer it). Other references
     (`\\frac{1}{2}`, `x^2 + 1`) match on normalized text, then through math-verify, and
-    only when the answer writes out no more arithmetic than the reference does.
+    only when the answer writes out no operation the reference does not (by kind and count).
 
     Args:
         math_verify: let `math-verify` prove a symbolic answer equal to a symbolic reference
@@ -94,7 +115,7 @@ class Correctness:
             return stated is not None and stated == gold_number
         if normalize_answer(predicted) == normalize_answer(str(gold)):
             return True
-        if not self.math_verify or arithmetic_operators(predicted) > arithmetic_operators(str(gold)):
+        if not self.math_verify or writes_more_arithmetic(predicted, str(gold)):
             return False  # math-verify would evaluate the model's arithmetic: `1 - 1/2` is not an answer
         from math_verify import parse, verify
 

@@ -19,7 +19,9 @@ def main(model_dir: str, out: str) -> None:
 
     trainer = build_trainer(model_dir, out, "turn", per_device=2, save_trajectories_steps=0)
     rank = trainer.accelerator.process_index
-    mine = rows(cases=CASES[2 * rank : 2 * rank + 2])
+    # The answer the scripts give (1000) is right for three cases: outcome advantages are not 0, so a mix-up of
+    # the processes' outcome advantages would show too.
+    mine = rows(answer="1000", cases=CASES[2 * rank : 2 * rank + 2])
     inputs = trainer._generate_and_score_completions(mine)
     # The trajectories themselves stay inside the trainer's copies of the rows; their turn advantages are
     # read back from the per-token tensor and the env mask.

@@ -30,3 +30,8 @@ class MathVerifyCorrectness:
             return bool(verify(parse(str(gold), parsing_timeout=5), parse(predicted, parsing_timeout=5)))
         except Exception:  # noqa: BLE001 - an unparsable answer is a wrong answer
             return False
+
+
+def longer_is_better(prompts: list, completions: list, trajectory: list, **_: Any) -> list[float]:
+    """A reward with a preference a policy can game: the more the model writes, the more it pays (up to 1)."""
+    return [min(1.0, len(t.completion_ids) / 400) for t in trajectory]

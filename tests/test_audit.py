@@ -74,3 +74,28 @@ def test_a_judge_whose_endpoint_does_not_answer_is_reported_skipped_never_silent
 def test_a_recipe_without_loadable_data_names_the_fix(capsys):
     assert cli(["audit-rewards", "--recipe", "artist_math_qwen7b"]) == 2
     assert "Pass --data rows.jsonl" in capsys.readouterr().err
+
+
+def test_probes_the_recipe_would_cut_are_audited_with_room_and_named():
+    # ci_tiny allows 24 tokens per turn: before, every longer probe was cut and earned nothing, unexamined.
+    report = audit_recipe("ci_tiny", data=ROWS, limit=1, progress=False)
+    assert report.passed, report.failures
+    assert any(n.startswith("probe `buried_in_long_text` does not fit this recipe's max_tokens_per_turn=24")
+               for n in report.notes)  # fmt: skip
+    assert len(report.examples["buried_in_long_text"]) == 400  # played whole (the example keeps 400 characters)
+
+
+def test_a_reward_preferring_a_gaming_probe_is_reported_and_strict_fails_on_it(tmp_path, capsys):
+    recipe = recipe_settings("ci_tiny")
+    recipe["rewards"] = [{"type": "agentic_grpo.rewards.rules:Correctness", "weight": 1.0},
+                         {"type": "tests.legacy_rewards:longer_is_better", "weight": 0.1}]  # fmt: skip
+    path = tmp_path / "prefers.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    output = tmp_path / "audit.json"
+    assert cli(["audit-rewards", "--recipe", str(path), "--data", ROWS, "--limit", "1", "--output", str(output)]) == 0
+    report = json.loads(output.read_text())
+    assert report["passed"] and any("reward `longer_is_better` pays probe `buried_in_long_text`" in p
+                                    for p in report["preferences"])  # fmt: skip
+    assert cli(["audit-rewards", "--recipe", str(path), "--data", ROWS, "--limit", "1", "--output", str(output),
+                "--strict"]) == 1  # fmt: skip
+    assert not json.loads(output.read_text())["passed"]

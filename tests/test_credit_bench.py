@@ -18,7 +18,7 @@ def test_four_arms_train_evaluate_and_report_auc_and_a_plot(tmp_path):
     recipe = yaml.safe_load((ROOT / "recipes" / "credit_demo.yaml").read_text())
     recipe.update(  # the shipped recipe's task, tools and estimator fields, on the tiny CI model and budget
         model_name_or_path="tiny-random-llama", use_peft=False, num_generations=4, per_device_train_batch_size=4,
-        max_turns=2, max_tokens_per_turn=16, max_completion_length=64, save_trajectories_steps=0,
+        max_turns=2, max_tokens_per_turn=16, max_completion_length=64, save_trajectories_steps=1,
         dataset={**recipe["dataset"], "num_train": 16, "num_test": 4}, format_kwargs={},
     )  # fmt: skip
     for key in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"):
@@ -51,6 +51,12 @@ def test_four_arms_train_evaluate_and_report_auc_and_a_plot(tmp_path):
     for arm in report["arms"]:
         assert "credit/frac_reward_zero_std/turn" in last_metrics(arm)
         assert yaml.safe_load((out / f"{arm}-seed0.yaml").read_text())["advantage"] == ARM_ADVANTAGE[arm]
+
+    def questions(arm: str) -> list[str]:
+        path = out / f"{arm}-seed0" / "trajectories" / "step_000001.jsonl"
+        return [json.loads(line)["row"]["question"] for line in path.read_text().splitlines()]
+
+    assert questions("outcome") and all(questions(arm) == questions("outcome") for arm in report["arms"])
 
     # Nothing finished is redone: one arm asked for again comes from its stored curve, without training.
     trained_at = (out / "turn-seed0" / "run.json").stat().st_mtime_ns

@@ -68,3 +68,21 @@ def test_eval_runs_on_a_reasoning_gym_task(tmp_path, capsys):
     assert metrics["questions"] == 2
     records = [json.loads(line) for line in output.with_suffix(".trajectories.jsonl").read_text().splitlines()]
     assert records[0]["row"]["question"].startswith("Solve the following multiplication")
+
+
+def test_eval_data_beyond_the_recipes_test_split_drops_its_training_questions(tmp_path, capsys):
+    # 1-digit products: --limit 60 reaches past the recipe's 20 held-out questions into ones it trains on.
+    import yaml
+
+    recipe = yaml.safe_load(open("recipes/ci_tiny.yaml"))
+    recipe.update(dataset={**SPEC, "seed": 0}, rewards=[{"type": "agentic_grpo.rewards.rules:Correctness"}])
+    path = tmp_path / "rg.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    output = tmp_path / "eval.json"
+    code = cli(["eval", "--model", "tiny-random-llama", "--recipe", str(path), "--limit", "60", "--output",
+                str(output), "--data", "reasoning_gym:products?min_digits=1&max_digits=1"])  # fmt: skip
+    assert code == 0
+    trained = {r["question"] for r in reasoning_gym_splits(**SPEC)["train"]}
+    records = [json.loads(line) for line in output.with_suffix(".trajectories.jsonl").read_text().splitlines()]
+    assert records and not {r["row"]["question"] for r in records} & trained
+    assert "are training questions of the recipe" in capsys.readouterr().out

@@ -24,7 +24,8 @@ def trajectory(answer=None, turns=2, malformed=0, calls=(), model_tokens=10):
     ("predicted", "gold"),
     [("56088", "56088"), ("56,088", "56088"), ("$56088$", "56088"), ("The answer is 56088.", "56088"),
      ("56088.0", "56088"), ("56088 pens", "56088"), ("$56,088.", "56088"), ("\\boxed{56088}", "56088"),
-     ("1/2", "\\frac{1}{2}"), ("0.5", "\\frac{1}{2}"), ("\\frac{1}{2}", "1/2")],
+     ("1/2", "\\frac{1}{2}"), ("0.5", "\\frac{1}{2}"), ("\\frac{1}{2}", "1/2"), ("12 square meters", "12"),
+     ("386064 pens in all", "386064"), ("x^2 + 1", "1 + x^2")],
 )  # fmt: skip
 def test_correct_answers_match(predicted, gold):
     reward = Correctness()
@@ -40,7 +41,9 @@ def test_wrong_or_missing_answers_do_not(predicted, gold):
     ("predicted", "gold"),
     [("504 * 766", "386064"), ("504*766", "386064"), ("504 x 766 = 386064", "386064"), ("386064 or 12", "386064"),
      ("386064 386064", "386064"), ("about 386064", "386064"), ("386064 " + "very " * 50 + "sure", "386064"),
-     ("1/2", "0.5"), ("1 - 1/2", "\\frac{1}{2}"), ("\\frac{2}{2} - \\frac{1}{2}", "1/2")],
+     ("1/2", "0.5"), ("1 - 1/2", "\\frac{1}{2}"), ("\\frac{2}{2} - \\frac{1}{2}", "1/2"),
+     ("386064 is wrong", "386064"), ("386064 or more", "386064"), ("386064 not", "386064"),
+     ("386064 more or less", "386064"), ("0.25+0.25", "\\frac{1}{2}"), ("0.25 + 0.25", "0.5")],
 )  # fmt: skip
 def test_restating_the_question_is_not_an_answer(predicted, gold):
     """A numeric reference is matched by a number, never by arithmetic that evaluates to it (the echo hole)."""

@@ -227,3 +227,37 @@ def test_two_pools_of_one_rank_in_one_process_each_bound_their_slots():
     finally:
         for pool in pools:
             pool.close()
+
+
+def test_a_user_namespace_setting_is_part_of_the_probe_cache_key(monkeypatch):
+    from agentic_grpo.sandbox import probe_cache
+
+    before = probe_cache.key("auto", [], 0, True)
+    real = probe_cache._read_setting
+    monkeypatch.setattr(probe_cache, "_read_setting",
+                        lambda path: "0" if path.endswith("max_user_namespaces") else real(path))  # fmt: skip
+    assert probe_cache.key("auto", [], 0, True) != before  # userns switched off: probed again, not read from disk
+
+
+def test_landlock_as_root_with_a_private_interpreter_is_refused_with_the_fix():
+    import sys
+    from pathlib import Path
+
+    private = [p for p in Path(sys.executable).resolve().parents if p.exists() and not p.stat().st_mode & 0o001]
+    if os.geteuid() != 0 or not private:
+        pytest.skip("applies to a root trainer whose interpreter lies under a directory others cannot search")
+    report = probe(SandboxConfig(mode="landlock"), refresh=True)
+    assert report.layer is None or report.layer != "landlock"
+    assert "chmod o+x" in report.layers["landlock"] and "refused" in report.layers["landlock"]
+
+
+def test_recipe_fields_set_every_sandbox_bound():
+    from agentic_grpo.config import AgenticGRPOConfig
+    from agentic_grpo.run_parts import build_rollout_parts
+
+    config = AgenticGRPOConfig(output_dir="/tmp/unused", environment="agentic_grpo.tools.python:PythonInterpreter",
+                               tool_timeout=3, sandbox_memory_mb=512, sandbox_workspace_mb=64,
+                               sandbox_workspace_inodes=99, sandbox_cpu_cores=0.5, sandbox_max_processes=8)  # fmt: skip
+    sandbox = build_rollout_parts(config).sandbox
+    assert (sandbox.timeout_s, sandbox.memory_mb, sandbox.workspace_mb, sandbox.workspace_inodes, sandbox.cpu_cores,
+            sandbox.max_processes) == (3, 512, 64, 99, 0.5, 8)  # fmt: skip

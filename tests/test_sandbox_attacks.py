@@ -210,6 +210,7 @@ def test_attack_suite_as_unprivileged_user():
         assert "NOT bounded" in out[mode]["bounds"]["disk"] and "NOT bounded" in out[mode]["bounds"]["cpu"]
         assert "memfd_create refused" in out[mode]["bounds"]["memory"]
     assert {a["name"] for a in out["bwrap"]["attacks"]} == set(NAMES)
+    assert {a["name"] for a in out["landlock"]["attacks"]} == set(NAMES)
 
 
 def test_falls_back_to_landlock_without_user_namespaces_and_says_so():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -89,6 +90,10 @@ def test_trainer_evaluates_and_trains_again_after_train(trainer, tmp_path):
     trainer.train()
     assert trainer.state.global_step == 2
     assert trainer.sandbox_pool.live_slots == 0
+    # A silent fallback to a weaker sandbox layer, or no cgroup, shows in the run's own metrics.
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    flags = [row["sandbox/downgraded"] for row in logged if "sandbox/downgraded" in row]
+    assert len(flags) >= 2 and set(flags) == {0.0}  # every training step (and the evaluation) reports it
 
 
 def test_on_reward_error_none_holds_for_a_trainer_built_directly(tiny_model_dir, tmp_path):

@@ -147,12 +147,14 @@ def test_a_group_split_over_two_processes_is_estimated_whole(tiny_model_dir, tmp
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["cases"] for r in ranks] == [CASES[:2], CASES[2:]]  # each process holds half of the one group
+    # Outcome rewards [1, 1, 1, 0] (only `direct` is wrong): TRL's group advantage (r - 0.75) / (std 0.5 + 1e-4).
+    outcome = {case: (reward - 0.75) / (0.5 + 1e-4) for case, reward in zip(CASES, [1, 1, 1, 0], strict=True)}
     for rank in ranks:
         for case, values in zip(rank["cases"], rank["turn_advantages"], strict=True):
-            assert values == pytest.approx(TURN_TERMS[case], abs=1e-7), case
+            assert values == pytest.approx([outcome[case] + t for t in TURN_TERMS[case]], abs=1e-5), case
         for case, tokens, mask in zip(rank["cases"], rank["tokens"], rank["masks"], strict=True):
             turns = [v for v, m, prev in zip(tokens, mask, [0, *mask], strict=False) if m and not prev]
-            assert turns == pytest.approx(TURN_TERMS[case], abs=1e-7), case
+            assert turns == pytest.approx([outcome[case] + t for t in TURN_TERMS[case]], abs=1e-5), case
             assert all(v == 0 for v, m in zip(tokens, mask, strict=True) if not m)
 
 

@@ -38,11 +38,15 @@ def print_report(report: AuditReport) -> None:
         console.print(f"[yellow]skipped[/yellow] reward `{name}`: {reason}")
     for note in report.notes:
         console.print(f"note: {note}")
+    for preference in report.preferences:
+        console.print(f"[yellow]prefers a probe[/yellow]: {preference}")
     if report.passed:
-        console.print("[green]PASS[/green]: every probe earns less than the honest trajectory.")
+        console.print("[green]PASS[/green]: every probe earns less than the honest trajectory"
+                      + (" in total (--strict fails on the preferences above)." if report.preferences else "."))  # fmt: skip
     else:
-        console.print(f"[red]FAIL[/red]: {len(report.failures)} finding(s):")
-        for failure in report.failures:
+        findings = report.failures + (report.preferences if report.strict else [])
+        console.print(f"[red]FAIL[/red]: {len(findings)} finding(s):")
+        for failure in findings:
             console.print(f"  - {failure}")
 
 

@@ -4,11 +4,18 @@ The verdict: a gaming probe fails the audit when the recipe's total reward (weig
 a None filled as the None-neutral rule fills it: with the honest trajectory's value) pays
 it at least as much as the honest trajectory of the same row. An LLM judge is also shown a
 reply its server mangled (cut, then an HTML error page): it must give None, not a score.
+
+Probes are played through the recipe's real format and tools, with token budgets raised to fit
+every probe: what is audited is the rewards, and a probe the recipe's budget would cut (so no
+policy could write it under this recipe) is named in a note instead of silently earning nothing.
+A single reward that pays a gaming probe more than the honest trajectory is reported as a
+preference even when the total stays safe (`--strict` makes those fail the audit too).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -33,13 +40,17 @@ class AuditReport:
     payouts: dict[str, dict[str, float | None]] = field(default_factory=dict)
     totals: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    preferences: list[str] = field(default_factory=list)
+    """Rewards that pay a gaming probe more than the honest trajectory, though the weighted total does not."""
+    strict: bool = False
+    """Count `preferences` as failures."""
     skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     examples: dict[str, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        return not self.failures and not (self.strict and self.preferences)
 
 
 class ProbeBackend:
@@ -115,6 +126,7 @@ def audit_recipe(
     judge_model: str | None = None,
     tokenizer_path: str | None = None,
     progress: bool = True,
+    strict: bool = False,
 ) -> AuditReport:
     """Audit the recipe's rewards on `limit` rows of its data (or of `data`); raises ValueError on bad input."""
     from agentic_grpo.config import read_recipe
@@ -143,18 +155,24 @@ def audit_recipe(
     environment, trajectory_format = parts.environment, parts.trajectory_format
     writer = ProbeWriter(config.format, trajectory_format)
     names = [r.__name__ for r in rewards]
-    report = AuditReport(recipe, len(rows), tokenizer_note, dict(zip(names, weights, strict=True)), skipped=skipped)
+    report = AuditReport(recipe, len(rows), tokenizer_note, dict(zip(names, weights, strict=True)), skipped=skipped,
+                         strict=strict)  # fmt: skip
     judges = [r for r in rewards if hasattr(getattr(r, "backend", None), "complete_many")]
 
     pool = parts.sandbox_pool(rank=0)
-    manager = parts.rollout_manager(tokenizer, pool)
     sums: dict[str, dict[str, list[float | None]]] = {}
     try:
         for row in tqdm(rows, desc="audit", disable=not progress):
             question, gold = str(row["question"]), str(row.get("answer", ""))
             probes = build_probes(writer, environment.tool_schemas(), question, gold)
-            fit_honest_to_budget(report, probes[0], writer, gold, tokenizer, config.max_tokens_per_turn)
-            trajectories = [play(manager, trajectory_format, probe, row) for probe in probes]
+            note_cut_probes(report, probes, tokenizer, parts.limits)
+            manager = dataclasses.replace(parts, limits=room_for(probes, tokenizer, parts.limits)).rollout_manager(
+                tokenizer, pool
+            )
+            try:
+                trajectories = [play(manager, trajectory_format, probe, row) for probe in probes]
+            finally:
+                manager.close()
             scores = score_trajectories(rewards, trajectories, [row] * len(probes))
             for position, probe in enumerate(probes):
                 payout = {name: scores[name][position] for name in names}
@@ -166,7 +184,6 @@ def audit_recipe(
             for judge in judges:
                 check_mangled_reply(report, judge, trajectories[0], row, sums)
     finally:
-        manager.close()
         if pool is not None:
             pool.close()
     for probe_name, per_reward in sums.items():
@@ -179,18 +196,39 @@ def audit_recipe(
     return report
 
 
-def fit_honest_to_budget(
-    report: AuditReport, honest: Probe, writer: ProbeWriter, gold: str, tokenizer: Any, budget: int
-) -> None:
-    """An honest tool call longer than `max_tokens_per_turn` would be cut (and earn nothing): answer directly then."""
-    longest = max(len(tokenizer(turn, add_special_tokens=False)["input_ids"]) + 1 for turn in honest.turns)
-    if longest > budget and len(honest.turns) > 1:
-        honest.turns = [writer.answer(gold)]
+def turn_lengths(probe: Probe, tokenizer: Any) -> list[int]:
+    """Tokens of each of the probe's turns, the end-of-turn token included."""
+    return [len(tokenizer(turn, add_special_tokens=False)["input_ids"]) + 1 for turn in probe.turns]
+
+
+def room_for(probes: list[Probe], tokenizer: Any, limits: Any) -> Any:
+    """The recipe's budgets, raised where a probe would not fit: the audit tests the rewards, not the budgets."""
+    lengths = [turn_lengths(probe, tokenizer) for probe in probes]
+    turn = max(limits.max_tokens_per_turn, *(max(n) for n in lengths if n))
+    turns = max(limits.max_turns, *(len(n) for n in lengths))
+    # Room for every turn, each followed by an observation of at most the tool-output budget (plus its wrapper).
+    total = max(
+        limits.max_completion_tokens, max(sum(n) for n in lengths) + turns * (limits.max_tool_output_tokens + 32)
+    )
+    return dataclasses.replace(limits, max_tokens_per_turn=turn, max_turns=turns, max_completion_tokens=total)
+
+
+def note_cut_probes(report: AuditReport, probes: list[Probe], tokenizer: Any, limits: Any) -> None:
+    """Name the probes the recipe's own budgets would cut (a policy cannot write them under this recipe)."""
+    for probe in probes:
+        lengths = turn_lengths(probe, tokenizer)
+        reasons = []
+        if max(lengths, default=0) > limits.max_tokens_per_turn:
+            reasons.append(f"max_tokens_per_turn={limits.max_tokens_per_turn}")
+        if len(lengths) > limits.max_turns:
+            reasons.append(f"max_turns={limits.max_turns}")
+        if sum(lengths) > limits.max_completion_tokens:
+            reasons.append(f"max_completion_length={limits.max_completion_tokens}")
         note = (
-            f"the honest tool call does not fit max_tokens_per_turn={budget} with this tokenizer: the honest "
-            "trajectory answers without the tool"
+            f"probe `{probe.name}` does not fit this recipe's {' and '.join(reasons)} (with this tokenizer): it was "
+            "audited with room, as a policy could write it under larger budgets"
         )
-        if note not in report.notes:
+        if reasons and note not in report.notes:
             report.notes.append(note)
 
 
@@ -224,6 +262,13 @@ def check_row(
                 f"probe `{probe.name}` ({probe.description}) is paid {paid:.3g}, as much as the honest "
                 f"trajectory ({honest_total:.3g}), on {question[:60]!r}"
             )
+        for name, weight in zip(names, weights, strict=True):
+            value, fair = scores[name][position], honest[name]
+            if weight and value is not None and fair is not None and value > fair:
+                report.preferences.append(
+                    f"reward `{name}` pays probe `{probe.name}` {value:.3g}, more than the honest trajectory "
+                    f"({fair:.3g}), on {question[:60]!r}"
+                )
 
 
 def check_mangled_reply(report: AuditReport, judge: Any, honest: Any, row: dict, sums: dict) -> None:

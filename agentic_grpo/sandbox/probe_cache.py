@@ -2,7 +2,8 @@
 
 The key is everything the probe's answer rests on: kernel release and build, effective
 uid, mode, interpreter, extra read-only paths, the Landlock ABI, and the identity (path,
-size, mtime) of bwrap, setpriv, prlimit and of this package's own sources. Any change is
+size, mtime) of bwrap, setpriv, prlimit and of this package's own sources, and the sysctls that
+allow or forbid unprivileged user namespaces. Any change is
 a new key, so the next call probes again. The file lives in the uid's private directory
 (0700, refused if anyone else owns it) and is replaced atomically.
 """
@@ -19,6 +20,20 @@ from typing import Any
 
 _FILE = "probe-cache.json"
 _TOOLS = ("bwrap", "setpriv", "prlimit", "nice")
+# Settings that decide whether unprivileged user namespaces (bubblewrap's) work; a change re-probes.
+_SYSCTLS = (
+    "/proc/sys/kernel/unprivileged_userns_clone",
+    "/proc/sys/user/max_user_namespaces",
+    "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+    "/proc/sys/kernel/yama/ptrace_scope",
+)
+
+
+def _read_setting(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
 
 
 def _identity(path: str | None) -> list:
@@ -45,6 +60,7 @@ def key(mode: str, extra_ro_paths: list[str], abi: int, reachable: bool) -> str:
         "interpreter_reachable": reachable,
         "tools": {tool: _identity(shutil.which(tool)) for tool in _TOOLS},
         "package": sorted((p.name, _identity(str(p))[1:]) for p in package.glob("*.py")),
+        "sysctls": {path: _read_setting(path) for path in _SYSCTLS},
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

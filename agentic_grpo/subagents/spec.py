@@ -168,6 +168,7 @@ def _child_config(spec: SubAgentConfig, parent: Any) -> types.SimpleNamespace:
             values[name] = getattr(parent, name)
     values["environment_kwargs"] = dict(spec.environment_kwargs or {})
     values["format_kwargs"] = dict(spec.format_kwargs or {})
-    for name in ("sandbox", "sandbox_memory_mb", "sandbox_workspace_mb", "tool_workers"):
+    for name in ("sandbox", "sandbox_memory_mb", "sandbox_workspace_mb", "sandbox_workspace_inodes",
+                 "sandbox_cpu_cores", "sandbox_max_processes", "tool_workers"):  # fmt: skip
         values[name] = getattr(parent, name)
     return types.SimpleNamespace(**values)
