@@ -125,9 +125,20 @@ class RolloutManager:
                 if t.finish_reason == "running":
                     t.finish_reason = "max_turns"
         finally:
-            for environment, slot in environments:
-                self.close_environment(environment, slot)
+            self._close_all(environments)
         return trajectories, stats
+
+    def _close_all(self, environments: list[tuple[ToolEnvironment, Any]]) -> None:
+        """Close every environment and give back every slot, whatever one `close()` raises; then raise the first."""
+        failure: Exception | None = None
+        for environment, slot in environments:
+            try:
+                self.close_environment(environment, slot)
+            except Exception as exc:  # noqa: BLE001 - the rest of the batch's slots must still go back
+                logger.error("closing %s raised %s: %s", type(environment).__name__, type(exc).__name__, exc)
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def _start(self, prompt: Any) -> Trajectory:
         if isinstance(prompt, str):

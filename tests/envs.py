@@ -72,3 +72,14 @@ class SlowSandboxedTools(ToolEnvironment):
         time.sleep(seconds)
         self.events.append("left")
         return "done"
+
+
+class CloseFailsSandboxedTools(SlowSandboxedTools):
+    """Holds a sandbox slot; its `close()` raises on the row whose `case` is "bad" (user code can fail there)."""
+
+    def reset(self, row: dict) -> None:
+        self.case = row.get("case")
+
+    def close(self) -> None:
+        if self.case == "bad":
+            raise RuntimeError("close failed on purpose")

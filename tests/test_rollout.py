@@ -251,3 +251,22 @@ def test_a_slot_is_not_released_while_a_call_is_still_inside_it(tokenizer):
     assert SlowSandboxedTools.events == ["entered", "left"]  # ... but the slot went back only after it left
     assert pool.live_slots == 0
     pool.close()
+
+
+def test_an_environment_whose_close_raises_never_keeps_the_batchs_other_slots(tokenizer):
+    """One trajectory's failing `close()` used to end the rollout's cleanup loop: the slots after it stayed held."""
+    from agentic_grpo.sandbox import SandboxConfig, SandboxPool
+    from tests.envs import CloseFailsSandboxedTools
+
+    pool = SandboxPool(SandboxConfig(timeout_s=5))
+    fmt = load_format("react", CloseFailsSandboxedTools.tool_schemas())
+    manager = RolloutManager(CloseFailsSandboxedTools, fmt, tokenizer, RolloutLimits(), sandbox_pool=pool)
+    backend = ScriptedBackend(tokenizer, {"x": ["Final Answer: 1<|im_end|>"]})
+    rows = [{"case": "ok"}, {"case": "bad"}, {"case": "ok"}, {"case": "bad"}]
+    try:
+        with pytest.raises(RuntimeError, match="close failed on purpose"):  # the error is not swallowed ...
+            manager.rollout([case_prompt("x")] * 4, rows, backend)
+        assert pool.live_slots == 0  # ... and every slot of the batch went back
+    finally:
+        manager.close()
+        pool.close()
