@@ -199,3 +199,20 @@ def test_group_scoring_rewards_refuse_evaluation_groups_split_across_processes()
         check_trainer_setup(layout, [GroupJudge()])
     check_trainer_setup(SimpleNamespace(**{**vars(layout), "num_generations_eval": 2}), [GroupJudge()])
     check_trainer_setup(SimpleNamespace(**{**vars(layout), "eval_strategy": "no"}), [GroupJudge()])
+
+
+def test_vllm_with_trls_default_importance_sampling_runs_on_the_sampling_logprobs(trainer):
+    """A trainer built directly with vLLM keeps TRL's default `vllm_importance_sampling_correction=True`; before,
+    the rollout returned no sampling log-probs and TRL crashed on `old_per_token_logps - None`."""
+    trainer, rows = trainer
+    assert trainer.args.vllm_importance_sampling_correction  # TRL's default, left on
+    # vLLM cannot run on this CPU machine: its backend is replaced by one that reports per-token log-probs as
+    # vLLM does, and the weight sync (a vLLM engine call) is marked done for this step.
+    trainer.generation_backend = LogprobBackend(trainer.processing_class, SCRIPTS)
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    trainer._last_loaded_step = trainer.state.global_step
+    trainer.model.train()  # a training step's generation
+    output = trainer._generate_and_score_completions(rows * 2)
+    ratio = output["importance_sampling_ratio"]
+    assert ratio.shape[0] == output["completion_ids"].shape[0] and bool(ratio.isfinite().all())
+    assert trainer._metrics["train"]["sampling/sampling_logp_difference/mean"]
