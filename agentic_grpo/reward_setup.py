@@ -115,9 +115,7 @@ def returning_none_on_error(func: Callable) -> Callable:
             except Exception as exc:  # noqa: BLE001 - the recipe asked for None instead of a crash
                 return fallback(exc, kwargs)
 
-        guarded_async.__name__ = func.__name__
-        guarded_async.none_on_error = True
-        return guarded_async
+        return _marked(guarded_async, func)
 
     @functools.wraps(func)
     def guarded(*args: Any, **kwargs: Any) -> list:
@@ -126,6 +124,13 @@ def returning_none_on_error(func: Callable) -> Callable:
         except Exception as exc:  # noqa: BLE001 - the recipe asked for None instead of a crash
             return fallback(exc, kwargs)
 
+    return _marked(guarded, func)
+
+
+def _marked(guarded: Callable, func: Callable) -> Callable:
+    """The wrapper named as `func` and carrying what the trainer's start-up checks read from it: a group-mode
+    judge's `needs_whole_groups` is a property of its class, which `functools.wraps` does not copy."""
     guarded.__name__ = func.__name__
     guarded.none_on_error = True
+    guarded.needs_whole_groups = bool(getattr(func, "needs_whole_groups", False))
     return guarded

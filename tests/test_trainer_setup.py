@@ -216,3 +216,28 @@ def test_vllm_with_trls_default_importance_sampling_runs_on_the_sampling_logprob
     ratio = output["importance_sampling_ratio"]
     assert ratio.shape[0] == output["completion_ids"].shape[0] and bool(ratio.isfinite().all())
     assert trainer._metrics["train"]["sampling/sampling_logp_difference/mean"]
+
+
+class AsyncGroupJudge:
+    """Like LLMJudge: an async callable whose `needs_whole_groups` is a property of its class."""
+
+    __name__ = "group_judge"
+
+    @property
+    def needs_whole_groups(self) -> bool:
+        return True
+
+    async def __call__(self, prompts, completions, **_):
+        return [0.0] * len(completions)
+
+
+@pytest.mark.parametrize("judge", [GroupJudge, AsyncGroupJudge])
+def test_group_scoring_rewards_are_still_refused_when_guarded_by_on_reward_error_none(judge):
+    """`on_reward_error: none` wraps each reward; the wrapper hid `needs_whole_groups` (a property of LLMJudge),
+    so the CLI's check, which sees the wrapped rewards, accepted a layout that splits the judge's groups."""
+    from agentic_grpo.reward_setup import guard_rewards
+
+    split = SimpleNamespace(per_device_train_batch_size=6, steps_per_generation=1, num_generations=4, world_size=2,
+                            use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1)  # fmt: skip
+    with pytest.raises(ValueError, match=r"\['group_judge'\] score each query's 4 samples together"):
+        check_trainer_setup(split, guard_rewards([judge()], "none"))
