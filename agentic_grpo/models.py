@@ -21,6 +21,7 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def smollm2_checkpoint() -> Path:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"Converting {_SMOLLM2_GGUF} once to {target} ...", flush=True)
+    print(f"Converting {_SMOLLM2_GGUF} once to {target} ...", file=sys.stderr, flush=True)  # stdout may carry JSON
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF)
     loaded = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF)
     # The weights are de-quantized to float32 on load, but the model still carries the GGUF
