@@ -67,6 +67,8 @@ def why_not_reusable(model: Any, generation_config: Any) -> str | None:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
+    if getattr(generation_config, "use_cache", None) is False:
+        return "generation config sets use_cache=False"
     implementation = getattr(generation_config, "cache_implementation", None)
     if implementation not in (None, "dynamic"):
         return f"generation config asks for cache_implementation={implementation!r}"
@@ -166,6 +168,7 @@ def generate_reusing(
         past_key_values=cache,
         generation_config=generation_config,
         tokenizer=tokenizer,
+        use_cache=True,
     )
     sequences = output.sequences if hasattr(output, "sequences") else output
     new_tokens = sequences[:, width:].cpu().tolist()
