@@ -7,6 +7,8 @@ stopped. Token ids in, token ids out: nothing is re-rendered through a chat temp
 `TrainerBackend` runs HF `generate` on the policy being trained, unwrapped with TRL's
 `unwrap_model_for_generation` so it stays right under DeepSpeed ZeRO-3 and FSDP;
 `TransformersBackend` does the same for a model held directly (evaluation).
+Both keep each trajectory's keys and values across the turns of one rollout (`session`) and read only
+the new tokens (`agentic_grpo.kv_reuse`), falling back to reading whole contexts where that cannot be done.
 A vLLM backend plugs in at the same seam (`GenerationBackend`).
 """
 
@@ -14,11 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
+
+from agentic_grpo.kv_reuse import ContextCache, generate_reusing, why_not_reusable
+
+logger = logging.getLogger(__name__)
 
 StopReason = Literal["eos", "stop", "length"]
 
@@ -38,13 +45,36 @@ class GenerationBackend(Protocol):
 
 
 class TransformersBackend:
-    """HF `generate` on a model held in this process (evaluation, scripts)."""
+    """HF `generate` on a model held in this process (evaluation, scripts).
 
-    def __init__(self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: list[int]) -> None:
+    `reuse_cache=False` reads every context whole on every call, as before `agentic_grpo.kv_reuse` (the
+    reference its tests compare against). With it on, a model or config whose cache cannot be reused
+    (sliding-window or recurrent layers, a static cache, a repetition penalty) falls back to that, logged once.
+    """
+
+    def __init__(
+        self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: list[int], reuse_cache: bool = True
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.generation_config = generation_config
         self.eos_token_ids = eos_token_ids
+        self.reuse_cache = reuse_cache
+        self._contexts = ContextCache()
+        self._in_session = False
+        self._fallback_logged = False
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """One rollout: keys and values kept from call to call inside it, dropped at its end (the weights change
+        between rollouts, and the memory is given back)."""
+        self._contexts.clear()
+        self._in_session = True
+        try:
+            yield
+        finally:
+            self._in_session = False
+            self._contexts.clear()
 
     @contextlib.contextmanager
     def _generating_model(self) -> Iterator[Any]:
@@ -63,13 +93,26 @@ class TransformersBackend:
         config.max_new_tokens = max_new_tokens
         config.stop_strings = stop or None
         with self._generating_model() as model:
-            output = model.generate(
-                input_ids=input_ids.to(model.device),
-                attention_mask=attention_mask.to(model.device),
-                generation_config=config,
-                tokenizer=self.tokenizer,
-            )
-        new_tokens = output[:, width:].cpu().tolist()
+            reason = why_not_reusable(model, config) if self.reuse_cache else None
+            if self.reuse_cache and reason is None:
+                if not self._in_session:
+                    self._contexts.clear()
+                try:
+                    new_tokens = generate_reusing(model, batch, self._contexts, config, self.tokenizer)
+                finally:
+                    if not self._in_session:
+                        self._contexts.clear()
+            else:
+                if reason is not None and not self._fallback_logged:
+                    logger.info("generation reads whole contexts every turn: %s", reason)
+                    self._fallback_logged = True
+                output = model.generate(
+                    input_ids=input_ids.to(model.device),
+                    attention_mask=attention_mask.to(model.device),
+                    generation_config=config,
+                    tokenizer=self.tokenizer,
+                )
+                new_tokens = output[:, width:].cpu().tolist()
         return [cut_generation(ids, self.eos_token_ids, stop, self.tokenizer) for ids in new_tokens]
 
 
@@ -80,8 +123,10 @@ class TrainerBackend(TransformersBackend):
     gathered, FSDP full parameters summoned) so generation is right under every engine.
     """
 
-    def __init__(self, trainer: Any) -> None:
-        super().__init__(trainer.model, trainer.processing_class, trainer.generation_config, trainer.eos_token_ids)
+    def __init__(self, trainer: Any, reuse_cache: bool = True) -> None:
+        super().__init__(
+            trainer.model, trainer.processing_class, trainer.generation_config, trainer.eos_token_ids, reuse_cache
+        )
         self.trainer = trainer
 
     @contextlib.contextmanager

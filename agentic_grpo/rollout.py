@@ -13,6 +13,7 @@ TRL multiplies into the loss mask.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -107,20 +108,23 @@ class RolloutManager:
         stats = RolloutStats()
         trajectories = [self._start(prompt) for prompt in prompts]
         environments: list[tuple[ToolEnvironment, Any]] = []
+        # A backend that keeps each trajectory's keys and values does so for this rollout only.
+        session = getattr(backend, "session", contextlib.nullcontext)
         try:
             for row in rows:
                 environments.append(self.open_environment(row))
-            for _ in range(self.limits.max_turns):
-                live = [i for i, t in enumerate(trajectories) if t.finish_reason == "running"]
-                if not live:
-                    break
-                stats.turns += 1
-                for i in live:  # the state each turn's action is taken from (the `anchor` advantage groups by it)
-                    trajectories[i].turn_states.append(environments[i][0].state_hash())
-                calls = self._model_turn(trajectories, live, backend, stats)
-                self._tool_turn(trajectories, environments, calls, stats, rows, backend)
-                for i in live:
-                    self.book_payments(trajectories[i], environments[i][0])
+            with session():
+                for _ in range(self.limits.max_turns):
+                    live = [i for i, t in enumerate(trajectories) if t.finish_reason == "running"]
+                    if not live:
+                        break
+                    stats.turns += 1
+                    for i in live:  # the state each turn's action is taken from (the `anchor` advantage groups by it)
+                        trajectories[i].turn_states.append(environments[i][0].state_hash())
+                    calls = self._model_turn(trajectories, live, backend, stats)
+                    self._tool_turn(trajectories, environments, calls, stats, rows, backend)
+                    for i in live:
+                        self.book_payments(trajectories[i], environments[i][0])
             for t in trajectories:
                 if t.finish_reason == "running":
                     t.finish_reason = "max_turns"
