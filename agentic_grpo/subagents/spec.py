@@ -68,6 +68,14 @@ class SubAgentConfig:
     adapter_path: str | None = field(
         default=None, metadata={"help": "A saved PEFT adapter to load as `adapter` (default: a new one, frozen)."}
     )
+    train: bool = field(
+        default=False,
+        metadata={"help": "Train its `adapter` in the same run as the policy (co-training: its own GRPO groups, "
+                  "advantages and KL against the base; the outcome reward is shared). Default: the adapter is frozen."},
+    )  # fmt: skip
+    learning_rate: float | None = field(
+        default=None, metadata={"help": "With `train: true`: its adapter's learning rate (default: the recipe's)."}
+    )
     endpoint: str | None = field(
         default=None,
         metadata={"help": "An OpenAI-compatible server (`http://host:8000/v1`) instead of a local model."},
@@ -137,6 +145,13 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
         raise PluginError(f"{where}: `sampling_logprobs` is for sub-agents on the policy's model (`model: policy`)")
     if spec.adapter_path and not spec.adapter:
         raise PluginError(f"{where}: `adapter_path` needs `adapter`, the name to load it under")
+    if spec.train and (not spec.adapter or spec.adapter == "__base__" or spec.model != "policy" or spec.endpoint):
+        raise PluginError(
+            f"{where}: `train: true` trains a LoRA adapter on the policy's base model: give it `adapter: NAME` "
+            "(not `__base__`), with neither `model` nor `endpoint`"
+        )
+    if spec.learning_rate is not None and not spec.train:
+        raise PluginError(f"{where}: `learning_rate` is for a trained sub-agent: add `train: true`, or drop it")
     child = _child_config(spec, parent)
     parts = build_rollout_parts(child, tools_required=False)
     code_tools = parts.environment.needs_sandbox or any(a.parts.sandbox is not None for a in parts.agents)
@@ -156,7 +171,9 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
         source = PolicySource(spec.adapter, spec.adapter_path, spec.temperature, spec.sampling_logprobs)
     else:
         source = ModelSource(spec.model, spec.temperature)
-    return SubAgent(spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns))
+    return SubAgent(
+        spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns), spec.train, spec.learning_rate
+    )
 
 
 def _child_config(spec: SubAgentConfig, parent: Any) -> types.SimpleNamespace:
