@@ -112,10 +112,30 @@ def test_advantages_are_grouped_by_query_per_role():
     assert summary["a"]["samples"] == 5 and summary["b"] == {"reward": 5.0, "samples": 1.0}
 
 
+def test_a_roles_own_rewards_add_to_the_shared_one(tiny_model_dir, tmp_path):
+    own = [{"type": "tests.varied_rewards:distinct_characters", "weight": 2.0}]
+    trainer = make_trainer(tiny_model_dir, tmp_path, helper(rewards=own))
+    trainer.model.train()
+    scored = []  # the rows as the trainer scored them, each with its trajectory
+    samples_for = trainer.cotraining.samples_for
+    trainer.cotraining.samples_for = lambda inputs, mode: scored.extend(inputs) or samples_for(inputs, mode)
+    output = trainer._generate_and_score_completions([dict(row) for row in trainer.train_dataset][:4])
+    checked = 0
+    for row, samples in zip(scored, output["role_samples"], strict=True):
+        root = row["trajectory"]
+        assert len(samples) == len(root.children)  # one level of sub-agents, none cut by a budget here
+        for sample, child in zip(samples, root.children, strict=True):
+            assert sample.reward == pytest.approx(root.reward + 2 * len(set(child.completion_text)) / 50)
+            checked += 1
+    assert checked > 0
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [({"adapter": None}, "`train: true` trains a LoRA adapter"), ({"adapter": "__base__"}, "not `__base__`"),
-     ({"train": False, "learning_rate": 1e-3}, "`learning_rate` is for a trained sub-agent")],
+     ({"train": False, "learning_rate": 1e-3}, "`learning_rate` is for a trained sub-agent"),
+     ({"train": False, "rewards": [{"type": "tests.varied_rewards:distinct_characters"}]}, "`rewards` is for a"),
+     ({"rewards": [{"type": "agentic_grpo.rewards.rules:Correctness"}]}, "needs.*answer")],
 )  # fmt: skip
 def test_a_trained_subagent_needs_an_adapter_of_its_own(tiny_model_dir, tmp_path, entry, message):
     with pytest.raises(PluginError, match=message):

@@ -6,7 +6,8 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
 - Samples: every child trajectory a trained sub-agent wrote under the step's trajectories (at any depth),
   with its token ids and loss mask (its model tokens; all zero when a budget cut it and the run masks
   truncated completions).
-- Reward: shared. A child's reward is the weighted reward of the root trajectory it served.
+- Reward: shared. A child's reward is the weighted reward of the root trajectory it served, plus its role's
+  own rewards when the sub-agent's entry names some (`rewards:`, scoring the child on its sub-task row).
 - Groups: a role's group is every call it answered under the G samples of one query (a parent that called
   it twice gives two samples). Advantage = (reward - group mean) / (group std + 1e-4), with TRL's
   `scale_rewards` (`group`, `batch`: std over all the role's samples, `none`: no division). A group of one
@@ -23,6 +24,8 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -42,11 +45,13 @@ LOSS_TYPES = ("grpo", "bnpo", "dapo")
 
 @dataclass(frozen=True)
 class Role:
-    """A trained sub-agent: its name (the tool's), its adapter, and its learning rate (None: the run's)."""
+    """A trained sub-agent: its name (the tool's), its adapter, its learning rate (None: the run's) and rewards."""
 
     name: str
     adapter: str
     learning_rate: float | None = None
+    rewards: tuple[tuple[Any, float], ...] = ()
+    """Its own (reward function, weight) pairs, added to the shared reward."""
 
 
 @dataclass
@@ -68,7 +73,7 @@ class ChildSample:
 def trained_roles(agents: list[Any], loss_type: str) -> list[Role]:
     """The roles of the sub-agents with `train: true` (`agents`: a whole tree); raises ValueError on a set-up
     that cannot be trained."""
-    roles = [Role(a.name, a.adapter, a.learning_rate) for a in agents if a.train]
+    roles = [Role(a.name, a.adapter, a.learning_rate, a.rewards) for a in agents if a.train]
     if not roles:
         return []
     if loss_type not in LOSS_TYPES:
@@ -112,9 +117,11 @@ def role_param_groups(groups: list[dict[str, Any]], names: dict[int, str], roles
 
 
 def collect_samples(trajectories: list[Any], roles: list[Role], mask_truncated: bool) -> list[list[ChildSample]]:
-    """Each root trajectory's children written by a trained role (descendants included), as samples."""
-    by_adapter = {r.adapter: r.name for r in roles}
-    samples = []
+    """Each root trajectory's children written by a trained role (descendants included), as samples; a child's
+    reward is its root's plus its role's own rewards."""
+    by_adapter = {r.adapter: r for r in roles}
+    samples: list[list[ChildSample]] = []
+    children: dict[str, list[tuple[ChildSample, Any]]] = defaultdict(list)
     for root in trajectories:
         mine = []
         for child in descendants(root):
@@ -122,9 +129,34 @@ def collect_samples(trajectories: list[Any], roles: list[Role], mask_truncated: 
             mask = masked_loss_mask(child, mask_truncated)
             if role is None or not any(mask):
                 continue
-            mine.append(ChildSample(role, child.prompt_ids, child.completion_ids, mask, float(root.reward or 0.0)))
+            sample = ChildSample(role.name, child.prompt_ids, child.completion_ids, mask, float(root.reward or 0.0))
+            mine.append(sample)
+            children[role.name].append((sample, child))
         samples.append(mine)
+    for role in roles:
+        if role.rewards and children[role.name]:
+            extra = role_rewards(role.rewards, [child for _, child in children[role.name]])
+            for (sample, _), value in zip(children[role.name], extra, strict=True):
+                sample.reward += value
     return samples
+
+
+def role_rewards(rewards: tuple[tuple[Any, float], ...], children: list[Any]) -> list[float]:
+    """The weighted sum of a role's own rewards for each child trajectory (a reward's None counts as 0), called
+    as the recipe's rewards are: prompts, completions, `trajectory=` and the sub-task rows' columns."""
+    rows = [child.delegation.row for child in children]
+    columns = {key: [row.get(key) for row in rows] for key in {k for row in rows for k in row}}
+    prompts = [child.prompt for child in children]
+    completions = [[{"role": "assistant", "content": child.completion_text}] for child in children]
+    total = [0.0] * len(children)
+    for func, weight in rewards:
+        scores = func(prompts=prompts, completions=completions, completion_ids=[c.completion_ids for c in children],
+                      trajectory=children, **columns)  # fmt: skip
+        if inspect.isawaitable(scores):
+            scores = asyncio.run(scores)
+        for i, score in enumerate(scores):
+            total[i] += weight * float(score) if score is not None else 0.0
+    return total
 
 
 def assign_advantages(

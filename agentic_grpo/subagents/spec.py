@@ -76,6 +76,12 @@ class SubAgentConfig:
     learning_rate: float | None = field(
         default=None, metadata={"help": "With `train: true`: its adapter's learning rate (default: the recipe's)."}
     )
+    rewards: list[dict] | None = field(
+        default=None,
+        metadata={"help": "With `train: true`: rewards of its own, added to the shared outcome reward (entries as the "
+                  "recipe's `rewards`). Each scores the sub-agent's trajectories; columns come from its sub-task row "
+                  "(`question` = the task, and its `row_columns`)."},
+    )  # fmt: skip
     endpoint: str | None = field(
         default=None,
         metadata={"help": "An OpenAI-compatible server (`http://host:8000/v1`) instead of a local model."},
@@ -150,8 +156,9 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
             f"{where}: `train: true` trains a LoRA adapter on the policy's base model: give it `adapter: NAME` "
             "(not `__base__`), with neither `model` nor `endpoint`"
         )
-    if spec.learning_rate is not None and not spec.train:
-        raise PluginError(f"{where}: `learning_rate` is for a trained sub-agent: add `train: true`, or drop it")
+    for key in ("learning_rate", "rewards"):
+        if getattr(spec, key) is not None and not spec.train:
+            raise PluginError(f"{where}: `{key}` is for a trained sub-agent: add `train: true`, or drop it")
     child = _child_config(spec, parent)
     parts = build_rollout_parts(child, tools_required=False)
     code_tools = parts.environment.needs_sandbox or any(a.parts.sandbox is not None for a in parts.agents)
@@ -171,9 +178,24 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
         source = PolicySource(spec.adapter, spec.adapter_path, spec.temperature, spec.sampling_logprobs)
     else:
         source = ModelSource(spec.model, spec.temperature)
+    rewards = _role_rewards(spec, parent, where) if spec.rewards else ()
     return SubAgent(
-        spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns), spec.train, spec.learning_rate
-    )
+        spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns), spec.train, spec.learning_rate,
+        rewards,
+    )  # fmt: skip
+
+
+def _role_rewards(spec: SubAgentConfig, parent: Any, where: str) -> tuple[tuple[Any, float], ...]:
+    """A trained sub-agent's own rewards, as (function, weight), checked against the columns of its sub-task rows."""
+    from agentic_grpo.reward_setup import build_rewards, check_reward_columns, guard_rewards
+
+    try:
+        funcs, weights = build_rewards(spec.rewards)
+        check_reward_columns(funcs, ["question", *spec.row_columns], f"{where}'s sub-task rows")
+    except ValueError as exc:
+        raise PluginError(f"{where}, field `rewards`: {exc}") from exc
+    funcs = guard_rewards(funcs, getattr(parent, "on_reward_error", "raise"))
+    return tuple(zip(funcs, weights, strict=True))
 
 
 def _child_config(spec: SubAgentConfig, parent: Any) -> types.SimpleNamespace:
