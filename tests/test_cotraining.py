@@ -171,3 +171,19 @@ def test_resume_continues_every_role_exactly(tiny_model_dir, tmp_path):
     for name, p in reference.model.named_parameters():
         if adapter_of(name):
             assert torch.allclose(p, final[name], atol=1e-6), name
+
+
+def test_with_accumulation_and_two_iterations_the_old_log_probs_are_stored_at_generation(tiny_model_dir, tmp_path):
+    trainer = make_trainer(tiny_model_dir, tmp_path, helper(), per_device_train_batch_size=2,
+                           gradient_accumulation_steps=2, num_iterations=2, max_steps=2)  # fmt: skip
+    stored = []
+    samples_for = trainer.cotraining.samples_for
+    trainer.cotraining.samples_for = lambda inputs, mode: stored.append(samples_for(inputs, mode)) or stored[-1]
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if adapter_of(n)}
+    trainer.train()
+    samples = [s for rows in stored for row in rows for s in row]
+    assert samples and all(len(s.old_logps) == len(s.ref_logps) == len(s.completion_ids) for s in samples)
+    changed = {
+        adapter_of(n) for n, p in trainer.model.named_parameters() if n in before and not torch.equal(before[n], p)
+    }
+    assert changed == {"default", "helper"}
