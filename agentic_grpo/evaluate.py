@@ -46,9 +46,23 @@ def load_policy(path: str, merge: bool = True) -> tuple[Any, Any]:
 
 
 def load_policy_for(path: str, parts: RolloutParts) -> tuple[Any, Any]:
-    """`load_policy` for a recipe's parts: a LoRA policy stays unmerged when its sub-agents run under adapters."""
-    adapters = any(getattr(a, "adapter", None) not in (None, "__base__") for a in parts.all_agents())
-    return load_policy(path, merge=not adapters)
+    """`load_policy` for a recipe's parts. When sub-agents run under LoRA adapters, the policy stays a PeftModel
+    (a base model gets an adapter that changes nothing), and each sub-agent adapter saved beside the policy's
+    (`path/NAME/`, as a run saves co-trained and frozen sub-agents) is loaded under its name, unless the recipe
+    gives that sub-agent an `adapter_path`."""
+    agents = [a for a in parts.all_agents() if getattr(a, "adapter", None) not in (None, "__base__")]
+    model, tokenizer = load_policy(path, merge=not agents)
+    if not agents:
+        return model, tokenizer
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if not isinstance(model, PeftModel):  # B = 0: the base model itself, with room for the sub-agents' adapters
+        model = get_peft_model(model, LoraConfig(r=1, target_modules="all-linear", init_lora_weights=True))
+    for agent in agents:
+        saved = Path(path) / agent.adapter
+        if agent.source.adapter_path is None and (saved / "adapter_config.json").exists():
+            model.load_adapter(str(saved), adapter_name=agent.adapter, is_trainable=False)
+    return model, tokenizer
 
 
 def evaluate(

@@ -4,7 +4,8 @@ TRL does the algorithm: group advantages, the clipped GRPO loss under the `env_m
 we return (tool tokens count for nothing), the KL term against the frozen reference,
 DeepSpeed/FSDP/PEFT, vLLM and logging. We add, through its public `rollout_func` seam:
 the rollout manager (turn loop, tools, sandbox), tool and trajectory metrics, the time
-split of a step, and the run files (`metrics.jsonl`, `trajectories/step_N.jsonl`).
+split of a step, and the run files (`metrics.jsonl`, `trajectories/step_N.jsonl`). Sub-agents with
+`train: true` learn in the same run, each on a LoRA adapter of its own (`agentic_grpo.subagents.cotrain`).
 """
 
 from __future__ import annotations
@@ -155,10 +156,14 @@ class AgenticGRPOTrainer(GRPOTrainer):
         if self.sandbox_pool is not None:  # slots and workspaces go with the trainer, or at exit
             weakref.finalize(self, self.sandbox_pool.close)
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
+        self.cotraining = None  # sub-agents trained with the policy, each on its own adapter
         if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
+            from agentic_grpo.subagents.cotrain import CoTraining, trained_roles
             from agentic_grpo.subagents.sources import attach_adapters
 
             attach_adapters(self.model, parts.all_agents())
+            roles = trained_roles(parts.all_agents(), args.loss_type)
+            self.cotraining = CoTraining(self, roles) if roles else None
         self.generation_backend = generation_backend
         self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
         self.add_callback(RunFilesCallback(self))
@@ -189,6 +194,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
             raise
         outcome_advantages = output.get("advantages")
         self._assign_turn_credit(inputs, output)
+        if self.cotraining is not None:  # each trained sub-agent's children, with their own group advantages
+            mode = "train" if self.model.training else "eval"
+            with dropout_off(self.model):
+                output["role_samples"] = self.cotraining.samples_for(inputs, mode)
         self._log_raw_reward_means(inputs)
         if self.model.training:
             self._save_trajectories(inputs, outcome_advantages)
@@ -276,6 +285,37 @@ class AgenticGRPOTrainer(GRPOTrainer):
             }
             trajectory.reward = reward  # what the advantage was computed from (a None counted as its group's mean)
         return filled
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss for the policy's rows, plus each co-trained sub-agent's loss over those rows' children."""
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self.cotraining is None:
+            return loss
+        self.cotraining.log_policy_loss(loss)
+        for role_loss in self.cotraining.losses(model, inputs.get("role_samples", [])).values():
+            loss = loss + role_loss
+        return loss
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        """The Trainer's optimizer, with each co-trained sub-agent's adapter in parameter groups of its own (its
+        `learning_rate`). Built before any step, so there is no optimizer state to move."""
+        optimizer = super().create_optimizer(model)
+        if self.cotraining is not None and not any("role" in group for group in optimizer.param_groups):
+            from agentic_grpo.subagents.cotrain import role_param_groups
+
+            names = {id(p): n for n, p in (model or self.model).named_parameters()}
+            groups = role_param_groups(optimizer.param_groups, names, self.cotraining.roles)
+            optimizer.param_groups.clear()
+            for group in groups:
+                optimizer.add_param_group(group)
+        return optimizer
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """The Trainer loads every adapter of a checkpoint but leaves only the active one trainable; co-trained
+        sub-agents' adapters train on after a resume too."""
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if self.cotraining is not None:
+            self.cotraining.make_trainable()
 
     def _generate(self, prompts: list) -> Any:
         output = super()._generate(prompts)

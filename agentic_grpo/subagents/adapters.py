@@ -3,7 +3,7 @@
 Sub-agents that run on the policy's base model are named adapters on the same PeftModel, so the base
 weights exist once. A sub-agent selects its adapter for one `generate` call at a time and puts back what
 it found: the active adapter, every parameter's `requires_grad` (PEFT's `set_adapter` changes it, and a
-later multi-policy trainer must not find its adapters frozen or thawed behind its back) and train/eval mode.
+co-training trainer must not find its adapters frozen or thawed behind its back) and train/eval mode.
 Generation runs in eval mode (no dropout masks on sampled tokens) and without gradients.
 
 A lock per model serialises these calls: two sub-agents on the same model run in parallel threads (one
@@ -64,33 +64,42 @@ def generating_as(model: Any, adapter: str | None) -> Iterator[Any]:
             with model.disable_adapter():
                 yield model
         else:
-            with _active_adapter(model, adapter):
+            with adapter_active(model, adapter):
                 yield model
     finally:
         model.train(was_training)
 
 
 @contextlib.contextmanager
-def _active_adapter(model: Any, adapter: str) -> Iterator[None]:
+def adapter_active(model: Any, adapter: str) -> Iterator[None]:
+    """`adapter` is the active LoRA adapter of PeftModel `model` for the block; every parameter keeps its
+    `requires_grad` (PEFT's `set_adapter` freezes the others), so co-trained adapters stay trainable and a
+    forward under `adapter` builds the graph of its parameters alone."""
     if adapter not in model.peft_config:
         raise ValueError(f"the policy has no LoRA adapter `{adapter}` (it has: {', '.join(model.peft_config)})")
     previous = model.active_adapters
     if len(previous) != 1:
         raise ValueError(f"the policy has several active adapters {previous}; a sub-agent can only switch from one")
     grads = {name: p.requires_grad for name, p in model.named_parameters()}
-    model.set_adapter(adapter, inference_mode=True)
+    model.set_adapter(adapter)
+    _restore_requires_grad(model, grads)
     try:
         yield
     finally:
         model.set_adapter(previous[0])
-        for name, p in model.named_parameters():
-            if p.requires_grad != grads.get(name, p.requires_grad):
-                p.requires_grad_(grads[name])
+        _restore_requires_grad(model, grads)
 
 
-def attach_adapter(model: Any, name: str, path: str | None) -> None:
-    """Add LoRA adapter `name` to the policy's PeftModel, frozen: loaded from `path`, or new with the config of
-    the policy's own adapter (a new adapter starts as the base model: its B matrices are zero).
+def _restore_requires_grad(model: Any, grads: dict[str, bool]) -> None:
+    for name, p in model.named_parameters():
+        if p.requires_grad != grads.get(name, p.requires_grad):
+            p.requires_grad_(grads[name])
+
+
+def attach_adapter(model: Any, name: str, path: str | None, trainable: bool = False) -> None:
+    """Add LoRA adapter `name` to the policy's PeftModel, frozen (or `trainable`: its parameters require grad, for
+    co-training): loaded from `path`, or new with the config of the policy's own adapter (a new adapter starts
+    as the base model: its B matrices are zero).
 
     The active adapter, the trainable parameters and train/eval mode stay as they were. Does nothing when the
     model already has an adapter of that name.
@@ -106,14 +115,17 @@ def attach_adapter(model: Any, name: str, path: str | None) -> None:
 
     was_training = model.training
     with model_lock(model):
+        grads = {n: p.requires_grad for n, p in model.named_parameters()}
         if path is not None:
-            model.load_adapter(path, adapter_name=name, is_trainable=False)  # puts the model in eval mode
+            model.load_adapter(path, adapter_name=name, is_trainable=trainable)  # puts the model in eval mode
         else:
             config = copy.deepcopy(model.peft_config[model.active_adapter])
-            config.inference_mode = True
+            config.inference_mode = not trainable
             if hasattr(config, "init_lora_weights"):  # the policy's may have been made random; a new one is the base
                 config.init_lora_weights = True
             model.add_adapter(name, config)
+        for n, p in model.named_parameters():  # the others as they were; the new adapter's as asked
+            p.requires_grad_(grads[n] if n in grads else trainable)
     model.train(was_training)
 
 

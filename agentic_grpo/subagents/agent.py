@@ -46,6 +46,9 @@ class SubAgent:
             `ModelSource` (a frozen model) or `EndpointSource` (an OpenAI-compatible server).
         row_columns: columns of the parent's dataset row copied into the sub-task's row (its environment's
             `reset(row)` sees them); the row's `question` is always the task.
+        train: its LoRA adapter trains with the policy (`agentic_grpo.subagents.cotrain`); otherwise frozen.
+        learning_rate: its adapter's learning rate when trained (None: the run's).
+        rewards: its own (reward function, weight) pairs when trained, added to the shared outcome reward.
     """
 
     name: str
@@ -53,6 +56,9 @@ class SubAgent:
     parts: RolloutParts
     source: Any
     row_columns: tuple[str, ...] = ()
+    train: bool = False
+    learning_rate: float | None = None
+    rewards: tuple[tuple[Any, float], ...] = ()
 
     def tool_schema(self) -> dict[str, Any]:
         """The JSON schema the parent's format describes the tool with."""

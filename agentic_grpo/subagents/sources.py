@@ -60,10 +60,10 @@ class PolicySource:
             return "policy"
         return "base" if self.adapter == BASE else f"adapter:{self.adapter}"
 
-    def attach(self, model: Any) -> None:
-        """Give the policy's model this source's adapter (before training wraps the model)."""
+    def attach(self, model: Any, trainable: bool = False) -> None:
+        """Give the policy's model this source's adapter (before training wraps the model); `trainable`: co-trained."""
         if self.adapter is not None and self.adapter != BASE:
-            attach_adapter(model, self.adapter, self.adapter_path)
+            attach_adapter(model, self.adapter, self.adapter_path, trainable)
 
     def backend(self, parent: GenerationBackend) -> GenerationBackend:
         """A backend on the policy's model (`parent`: the policy's backend), under this source's adapter."""
@@ -181,4 +181,4 @@ def attach_adapters(model: Any, agents: list[Any]) -> None:
     """Give the policy's PeftModel the LoRA adapter of every sub-agent that runs under one (`agents`: a whole tree)."""
     for agent in agents:
         if isinstance(agent.source, PolicySource):
-            agent.source.attach(model)
+            agent.source.attach(model, trainable=agent.train)

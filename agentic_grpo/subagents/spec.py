@@ -68,6 +68,20 @@ class SubAgentConfig:
     adapter_path: str | None = field(
         default=None, metadata={"help": "A saved PEFT adapter to load as `adapter` (default: a new one, frozen)."}
     )
+    train: bool = field(
+        default=False,
+        metadata={"help": "Train its `adapter` in the same run as the policy (co-training: its own GRPO groups, "
+                  "advantages and KL against the base; the outcome reward is shared). Default: the adapter is frozen."},
+    )  # fmt: skip
+    learning_rate: float | None = field(
+        default=None, metadata={"help": "With `train: true`: its adapter's learning rate (default: the recipe's)."}
+    )
+    rewards: list[dict] | None = field(
+        default=None,
+        metadata={"help": "With `train: true`: rewards of its own, added to the shared outcome reward (entries as the "
+                  "recipe's `rewards`). Each scores the sub-agent's trajectories; columns come from its sub-task row "
+                  "(`question` = the task, and its `row_columns`)."},
+    )  # fmt: skip
     endpoint: str | None = field(
         default=None,
         metadata={"help": "An OpenAI-compatible server (`http://host:8000/v1`) instead of a local model."},
@@ -137,6 +151,14 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
         raise PluginError(f"{where}: `sampling_logprobs` is for sub-agents on the policy's model (`model: policy`)")
     if spec.adapter_path and not spec.adapter:
         raise PluginError(f"{where}: `adapter_path` needs `adapter`, the name to load it under")
+    if spec.train and (not spec.adapter or spec.adapter == "__base__" or spec.model != "policy" or spec.endpoint):
+        raise PluginError(
+            f"{where}: `train: true` trains a LoRA adapter on the policy's base model: give it `adapter: NAME` "
+            "(not `__base__`), with neither `model` nor `endpoint`"
+        )
+    for key in ("learning_rate", "rewards"):
+        if getattr(spec, key) is not None and not spec.train:
+            raise PluginError(f"{where}: `{key}` is for a trained sub-agent: add `train: true`, or drop it")
     child = _child_config(spec, parent)
     parts = build_rollout_parts(child, tools_required=False)
     code_tools = parts.environment.needs_sandbox or any(a.parts.sandbox is not None for a in parts.agents)
@@ -156,7 +178,24 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
         source = PolicySource(spec.adapter, spec.adapter_path, spec.temperature, spec.sampling_logprobs)
     else:
         source = ModelSource(spec.model, spec.temperature)
-    return SubAgent(spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns))
+    rewards = _role_rewards(spec, parent, where) if spec.rewards else ()
+    return SubAgent(
+        spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns), spec.train, spec.learning_rate,
+        rewards,
+    )  # fmt: skip
+
+
+def _role_rewards(spec: SubAgentConfig, parent: Any, where: str) -> tuple[tuple[Any, float], ...]:
+    """A trained sub-agent's own rewards, as (function, weight), checked against the columns of its sub-task rows."""
+    from agentic_grpo.reward_setup import build_rewards, check_reward_columns, guard_rewards
+
+    try:
+        funcs, weights = build_rewards(spec.rewards)
+        check_reward_columns(funcs, ["question", *spec.row_columns], f"{where}'s sub-task rows")
+    except ValueError as exc:
+        raise PluginError(f"{where}, field `rewards`: {exc}") from exc
+    funcs = guard_rewards(funcs, getattr(parent, "on_reward_error", "raise"))
+    return tuple(zip(funcs, weights, strict=True))
 
 
 def _child_config(spec: SubAgentConfig, parent: Any) -> types.SimpleNamespace:

@@ -1,0 +1,348 @@
+"""Co-training: sub-agents on LoRA adapters of the policy's base model learn in the same run as the policy.
+
+A sub-agent entry with `adapter: NAME` and `train: true` is a role: a policy of its own, one LoRA adapter on
+the one base model. The policy (TRL's adapter, `default`) is the role `policy`. Per step:
+
+- Samples: every child trajectory a trained sub-agent wrote under the step's trajectories (at any depth),
+  with its token ids and loss mask (its model tokens; all zero when a budget cut it and the run masks
+  truncated completions).
+- Reward: shared. A child's reward is the weighted reward of the root trajectory it served, plus its role's
+  own rewards when the sub-agent's entry names some (`rewards:`, scoring the child on its sub-task row).
+- Groups: a role's group is every call it answered under the G samples of one query (a parent that called
+  it twice gives two samples). Advantage = (reward - group mean) / (group std + 1e-4), with TRL's
+  `scale_rewards` (`group`, `batch`: std over all the role's samples, `none`: no division). A group of one
+  sample has advantage 0. Groups are formed over every process (the rewards are gathered), as TRL does.
+- Loss: in each micro-batch, the children of that micro-batch's rows, with the role's adapter active:
+  TRL's clipped surrogate (same epsilons, `delta`), old log-probs detached (or computed at generation when
+  TRL computes them for the policy), KL against the base model (adapters disabled) with the run's `beta`,
+  aggregated as the run's `loss_type` (grpo, bnpo or dapo) and scaled for gradient accumulation as TRL does.
+  A forward under one adapter builds the graph of that adapter's parameters alone, so each role's loss
+  moves its own adapter and nothing else.
+- Optimizer: one parameter group per role (its `learning_rate`, or the run's), see `role_param_groups`.
+- Metrics: `roles/<name>/reward`, `/samples` (at generation), `/loss`, `/kl` (per micro-batch, averaged by TRL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+
+from agentic_grpo.clipped import masked_loss_mask
+from agentic_grpo.subagents.adapters import adapter_active
+from agentic_grpo.subagents.usage import descendants
+
+POLICY_ROLE = "policy"
+"""The role name of the trained policy itself (the orchestrator), in `roles/<name>/...` metrics."""
+LOSS_TYPES = ("grpo", "bnpo", "dapo")
+
+
+@dataclass(frozen=True)
+class Role:
+    """A trained sub-agent: its name (the tool's), its adapter, its learning rate (None: the run's) and rewards."""
+
+    name: str
+    adapter: str
+    learning_rate: float | None = None
+    rewards: tuple[tuple[Any, float], ...] = ()
+    """Its own (reward function, weight) pairs, added to the shared reward."""
+
+
+@dataclass
+class ChildSample:
+    """One child trajectory of a trained role, ready for the loss (travels with its root's row in TRL's batch)."""
+
+    role: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    reward: float
+    advantage: float = 0.0
+    role_tokens: float = 0.0
+    """The role's trainable tokens in the whole generation batch, over every process (the `dapo` normalizer)."""
+    old_logps: list[float] | None = None
+    ref_logps: list[float] | None = None
+
+
+def trained_roles(agents: list[Any], loss_type: str) -> list[Role]:
+    """The roles of the sub-agents with `train: true` (`agents`: a whole tree); raises ValueError on a set-up
+    that cannot be trained."""
+    roles = [Role(a.name, a.adapter, a.learning_rate, a.rewards) for a in agents if a.train]
+    if not roles:
+        return []
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"co-trained sub-agents use the loss types {LOSS_TYPES}; the recipe's `loss_type` is "
+                         f"`{loss_type}`: pick one of those")  # fmt: skip
+    adapters = [r.adapter for r in roles]
+    shared = sorted({a for a in adapters if adapters.count(a) > 1} | ({"default"} & set(adapters)))
+    if shared:
+        raise ValueError(f"trained sub-agents need an adapter each, not the policy's (`default`); {shared} is "
+                         "named twice: give each trained sub-agent its own `adapter`")  # fmt: skip
+    names = [r.name for r in roles]
+    if POLICY_ROLE in names or len(set(names)) < len(names):
+        raise ValueError(f"a trained sub-agent may not be named `{POLICY_ROLE}` (the policy's role) or share a name")
+    return roles
+
+
+def adapter_of(parameter_name: str) -> str | None:
+    """The LoRA adapter a PEFT parameter belongs to (`...q_proj.lora_A.helper.weight` -> `helper`), or None."""
+    parts = parameter_name.split(".")
+    for part, following in zip(parts, parts[1:], strict=False):
+        if part.startswith("lora_"):
+            return following
+    return None
+
+
+def role_param_groups(groups: list[dict[str, Any]], names: dict[int, str], roles: list[Role]) -> list[dict]:
+    """The optimizer's parameter groups split by role: each role's parameters in groups of their own, at its
+    learning rate when it has one. `names`: parameter id -> name."""
+    by_adapter = {r.adapter: r for r in roles}
+    split = []
+    for group in groups:
+        parts: dict[str, list] = defaultdict(list)
+        for p in group["params"]:
+            adapter = adapter_of(names.get(id(p), ""))
+            parts[adapter if adapter in by_adapter else POLICY_ROLE].append(p)
+        for owner, params in parts.items():
+            role = by_adapter.get(owner)
+            extra = {"lr": role.learning_rate} if role is not None and role.learning_rate is not None else {}
+            split.append({**group, "params": params, **extra, "role": role.name if role else POLICY_ROLE})
+    return split
+
+
+def collect_samples(trajectories: list[Any], roles: list[Role], mask_truncated: bool) -> list[list[ChildSample]]:
+    """Each root trajectory's children written by a trained role (descendants included), as samples; a child's
+    reward is its root's plus its role's own rewards."""
+    by_adapter = {r.adapter: r for r in roles}
+    samples: list[list[ChildSample]] = []
+    children: dict[str, list[tuple[ChildSample, Any]]] = defaultdict(list)
+    for root in trajectories:
+        mine = []
+        for child in descendants(root):
+            role = by_adapter.get(child.delegation.adapter if child.delegation else None)
+            mask = masked_loss_mask(child, mask_truncated)
+            if role is None or not any(mask):
+                continue
+            sample = ChildSample(role.name, child.prompt_ids, child.completion_ids, mask, float(root.reward or 0.0))
+            mine.append(sample)
+            children[role.name].append((sample, child))
+        samples.append(mine)
+    for role in roles:
+        if role.rewards and children[role.name]:
+            extra = role_rewards(role.rewards, [child for _, child in children[role.name]])
+            for (sample, _), value in zip(children[role.name], extra, strict=True):
+                sample.reward += value
+    return samples
+
+
+def role_rewards(rewards: tuple[tuple[Any, float], ...], children: list[Any]) -> list[float]:
+    """The weighted sum of a role's own rewards for each child trajectory (a reward's None counts as 0), called
+    as the recipe's rewards are: prompts, completions, `trajectory=` and the sub-task rows' columns."""
+    rows = [child.delegation.row for child in children]
+    columns = {key: [row.get(key) for row in rows] for key in {k for row in rows for k in row}}
+    prompts = [child.prompt for child in children]
+    completions = [[{"role": "assistant", "content": child.completion_text}] for child in children]
+    total = [0.0] * len(children)
+    for func, weight in rewards:
+        scores = func(prompts=prompts, completions=completions, completion_ids=[c.completion_ids for c in children],
+                      trajectory=children, **columns)  # fmt: skip
+        if inspect.isawaitable(scores):
+            scores = asyncio.run(scores)
+        for i, score in enumerate(scores):
+            total[i] += weight * float(score) if score is not None else 0.0
+    return total
+
+
+def assign_advantages(
+    samples: list[list[ChildSample]], group_size: int, first_row: int, scale_rewards: str
+) -> dict[str, dict[str, float]]:
+    """Each sample's advantage within its role's group (module docstring); `first_row`: the global index of this
+    process's first row. Collective: every process calls it. Returns each role's reward and sample count."""
+    local = [(r.role, (first_row + i) // group_size, r.reward, float(sum(r.loss_mask)))
+             for i, row in enumerate(samples) for r in row]  # fmt: skip
+    everything = gather_object(local)
+    groups: dict[tuple[str, int], list[float]] = defaultdict(list)
+    by_role: dict[str, list[float]] = defaultdict(list)
+    tokens: dict[str, float] = defaultdict(float)
+    for role, group, reward, count in everything:
+        groups[role, group].append(reward)
+        by_role[role].append(reward)
+        tokens[role] += count
+    for i, row in enumerate(samples):
+        for sample in row:
+            rewards = groups[sample.role, (first_row + i) // group_size]
+            mean = sum(rewards) / len(rewards)
+            spread = by_role[sample.role] if scale_rewards == "batch" else rewards
+            std = _std(spread)
+            advantage = sample.reward - mean if len(rewards) > 1 else 0.0
+            sample.advantage = advantage / (std + 1e-4) if scale_rewards != "none" else advantage
+            sample.role_tokens = tokens[sample.role]
+    return {role: {"reward": sum(r) / len(r), "samples": float(len(r))} for role, r in by_role.items()}
+
+
+def _std(values: list[float]) -> float:
+    """Unbiased standard deviation, as TRL's; 0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def padded(samples: list[ChildSample], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Prompt ids left-padded and completion ids right-padded (TRL's layout): ids, attention mask, completion width."""
+    prompt_width = max(len(s.prompt_ids) for s in samples)
+    width = max(len(s.completion_ids) for s in samples)
+    ids = torch.full((len(samples), prompt_width + width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for i, s in enumerate(samples):
+        start = prompt_width - len(s.prompt_ids)
+        row = s.prompt_ids + s.completion_ids
+        ids[i, start : start + len(row)] = torch.tensor(row)
+        attention[i, start : start + len(row)] = 1
+    return ids.to(device), attention.to(device), width
+
+
+def completion_tensor(samples: list[ChildSample], values: str, width: int, device: Any) -> torch.Tensor:
+    """A per-token field of the samples (`loss_mask`, `old_logps`, `ref_logps`), right-padded to `width`."""
+    out = torch.zeros((len(samples), width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        row = getattr(s, values)
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out.to(device)
+
+
+class CoTraining:
+    """The co-trained roles of one trainer: samples and advantages at generation, their losses per micro-batch.
+
+    Args:
+        trainer: the `AgenticGRPOTrainer` (its model, args, TRL's log-prob helper and metrics).
+        roles: from `trained_roles`.
+    """
+
+    def __init__(self, trainer: Any, roles: list[Role]) -> None:
+        self.trainer = trainer
+        self.roles = roles
+
+    def peft_model(self, model: Any = None) -> Any:
+        return self.trainer.accelerator.unwrap_model(model if model is not None else self.trainer.model)
+
+    def make_trainable(self) -> None:
+        """Every trained role's adapter parameters require grad (PEFT's loading or switching may have frozen them)."""
+        adapters = {r.adapter for r in self.roles}
+        for name, p in self.peft_model().named_parameters():
+            if adapter_of(name) in adapters:
+                p.requires_grad_(True)
+
+    # --- at generation ----------------------------------------------------------------
+
+    def samples_for(self, inputs: list[dict[str, Any]], mode: str) -> list[list[ChildSample]]:
+        """The role samples of a scored batch (one list per row), with advantages and, when the loss needs them,
+        old and reference log-probs; logs `roles/<name>/reward` and `/samples`."""
+        trainer = self.trainer
+        trajectories = [row["trajectory"] for row in inputs]
+        samples = collect_samples(trajectories, self.roles, trainer.mask_truncated_by_finish_reason)
+        group = trainer.num_generations if mode == "train" else trainer.num_generations_eval
+        first = trainer.accelerator.process_index * len(inputs)
+        summary = assign_advantages(samples, group, first, trainer.scale_rewards)
+        rewards = gather_object([t.reward for t in trajectories if t.reward is not None])
+        summary[POLICY_ROLE] = {"reward": sum(rewards) / max(len(rewards), 1), "samples": float(len(rewards))}
+        for role in [POLICY_ROLE, *(r.name for r in self.roles)]:
+            for key, value in summary.get(role, {"samples": 0.0}).items():  # no samples: no reward to log
+                trainer._metrics[mode][f"roles/{role}/{key}"].append(value)
+        generate_every = trainer.args.steps_per_generation * trainer.num_iterations
+        needs_old = trainer.args.gradient_accumulation_steps % generate_every != 0
+        if needs_old or trainer.beta != 0.0:
+            self._add_logprobs([s for row in samples for s in row], needs_old)
+        return samples
+
+    @torch.no_grad()
+    def _add_logprobs(self, samples: list[ChildSample], old: bool) -> None:
+        model = self.peft_model()
+        for role in self.roles:
+            mine = [s for s in samples if s.role == role.name]
+            if not mine:
+                continue
+            if old:
+                with adapter_active(model, role.adapter):
+                    for s, logps in zip(mine, self._logps(mine), strict=True):
+                        s.old_logps = logps
+            if self.trainer.beta != 0.0:
+                with model.disable_adapter():
+                    for s, logps in zip(mine, self._logps(mine), strict=True):
+                        s.ref_logps = logps
+
+    def _logps(self, samples: list[ChildSample]) -> list[list[float]]:
+        trainer = self.trainer
+        ids, attention, width = padded(samples, trainer.processing_class.pad_token_id, trainer.accelerator.device)
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, attention, width, batch_size=trainer.args.per_device_train_batch_size
+        )
+        return [row[: len(s.completion_ids)].tolist() for row, s in zip(logps.float().cpu(), samples, strict=True)]
+
+    # --- in the loss ------------------------------------------------------------------
+
+    def log_policy_loss(self, loss: torch.Tensor) -> None:
+        """`roles/policy/loss` and `/kl`: TRL's loss of this micro-batch (unscaled) and the KL it just logged."""
+        trainer = self.trainer
+        mode = "train" if trainer.model.training else "eval"
+        accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
+        metrics = trainer._metrics[mode]
+        metrics[f"roles/{POLICY_ROLE}/loss"].append(loss.item() * accumulation)
+        if metrics.get("kl"):
+            metrics[f"roles/{POLICY_ROLE}/kl"].append(metrics["kl"][-1])
+
+    def losses(self, model: Any, rows: list[list[ChildSample]]) -> dict[str, torch.Tensor]:
+        """Each role's GRPO loss over the children of one micro-batch's rows (`rows`: their samples), scaled
+        for gradient accumulation as TRL scales the policy's; logs `roles/<name>/loss` and `/kl`."""
+        # PEFT re-enabling adapters after `disable_adapter()` (TRL's reference log-probs, `__base__` sub-agents)
+        # freezes every adapter but the active one: the roles' adapters are made trainable again first.
+        self.make_trainable()
+        found = {}
+        for role in self.roles:
+            mine = [s for row in rows for s in row if s.role == role.name]
+            if mine:
+                found[role.name] = self._role_loss(model, role, mine)
+        return found
+
+    def _role_loss(self, model: Any, role: Role, samples: list[ChildSample]) -> torch.Tensor:
+        trainer, args = self.trainer, self.trainer.args
+        mode = "train" if trainer.model.training else "eval"
+        device = trainer.accelerator.device
+        ids, attention, width = padded(samples, trainer.processing_class.pad_token_id, device)
+        with adapter_active(self.peft_model(model), role.adapter):
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attention, width)
+        mask = completion_tensor(samples, "loss_mask", width, device)
+        advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device).unsqueeze(1)
+        stored = samples[0].old_logps is not None
+        old = completion_tensor(samples, "old_logps", width, device) if stored else logps.detach()
+        ratio = torch.exp(logps - old)
+        clipped = torch.clamp(ratio, 1 - trainer.epsilon_low, 1 + trainer.epsilon_high)
+        if args.delta is not None:
+            ratio = torch.clamp(ratio, max=args.delta)
+        per_token = -torch.min(ratio * advantages, clipped * advantages)
+        kl = None
+        if trainer.beta != 0.0:
+            ref = completion_tensor(samples, "ref_logps", width, device)
+            kl = torch.exp(ref - logps) - (ref - logps) - 1
+            per_token = per_token + trainer.beta * kl
+        accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if trainer.loss_type == "grpo":
+            loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+        elif trainer.loss_type == "bnpo":
+            loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+        else:  # dapo: the role's tokens of the whole generation batch, per process and accumulation window
+            normalizer = max(samples[0].role_tokens, 1.0) / trainer.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * accumulation / args.steps_per_generation
+            loss = (per_token * mask).sum() / normalizer
+        metrics = trainer._metrics[mode]
+        metrics[f"roles/{role.name}/loss"].append(loss.item() * accumulation)
+        if kl is not None:
+            metrics[f"roles/{role.name}/kl"].append(((kl * mask).sum() / mask.sum().clamp(min=1.0)).item())
+        return loss
