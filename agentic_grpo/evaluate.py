@@ -16,6 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from agentic_grpo.run_parts import RolloutParts
+from agentic_grpo.selection import selection_counts, selection_metrics, tool_names_of
 from agentic_grpo.trajectory import Trajectory
 
 
@@ -130,6 +131,9 @@ def evaluate(
         "tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
         "invalid_rate": sum(t.invalid for t in trajectories) / n,
     }
+    names = tool_names_of(parts)  # tools/selection_accuracy, routing/accuracy, tools/calls/<name>
+    counts = selection_counts(trajectories, repeated, names, [agent.name for agent in parts.agents])
+    metrics.update(selection_metrics(counts, names))
     if parts.agents:
         from agentic_grpo.subagents import subagent_usage
 

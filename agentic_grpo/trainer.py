@@ -36,6 +36,7 @@ from agentic_grpo.reward_setup import guard_rewards
 from agentic_grpo.rollout import RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
 from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
+from agentic_grpo.selection import log_selection_metrics
 from agentic_grpo.trajectory import Trajectory
 from agentic_grpo.vllm_backend import VLLMBackend
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
@@ -232,6 +233,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
         trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend)
         self._log_rollout(trajectories, stats)
+        log_selection_metrics(self, trajectories, rows)
         if self.rollout_parts.agents:
             from agentic_grpo.subagents.usage import log_subagent_metrics
 
