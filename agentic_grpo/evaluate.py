@@ -47,8 +47,9 @@ def load_policy(path: str, merge: bool = True) -> tuple[Any, Any]:
 
 
 def load_policy_for(path: str, parts: RolloutParts) -> tuple[Any, Any]:
-    """`load_policy` for a recipe's parts: a LoRA policy stays unmerged when its sub-agents run under adapters."""
-    adapters = any(getattr(a, "adapter", None) not in (None, "__base__") for a in parts.all_agents())
+    """`load_policy` for a recipe's parts: a LoRA policy stays unmerged when its sub-agents run under adapters, or
+    on its base with the adapter off (`__base__`: merged, the trained weights would answer for the base)."""
+    adapters = any(getattr(a, "adapter", None) is not None for a in parts.all_agents())
     return load_policy(path, merge=not adapters)
 
 

@@ -157,9 +157,14 @@ class AgenticGRPOTrainer(GRPOTrainer):
             weakref.finalize(self, self.sandbox_pool.close)
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
         if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
+            from agentic_grpo.subagents.adapters import BASE, is_peft_model
             from agentic_grpo.subagents.sources import attach_adapters
 
             attach_adapters(self.model, parts.all_agents())
+            based = [a.name for a in parts.all_agents() if a.adapter == BASE]
+            if based and not is_peft_model(self.model):  # trained in full, the policy is no longer its own base
+                raise ValueError(f"sub-agent(s) {based} run on the policy's base model (`adapter: __base__`), which "
+                                 "needs a LoRA policy: set `use_peft: true`, or give them a `model` of their own")  # fmt: skip
         self.generation_backend = generation_backend
         self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
         self.add_callback(RunFilesCallback(self))

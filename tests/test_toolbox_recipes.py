@@ -62,6 +62,12 @@ def test_one_training_step_logs_and_draws_the_selection_metrics(tmp_path, recipe
     assert (out / "plots" / "tool_selection.png").is_file() and (out / "plots" / "tool_calls.png").is_file()
 
 
+def test_specialists_on_the_base_need_a_lora_policy(tmp_path):
+    result = train("--config", "cpu_routing", "--output_dir", str(tmp_path / "out"), *TINY, "--use_peft", "false")
+    assert result.returncode != 0
+    assert "run on the policy's base model (`adapter: __base__`), which needs a LoRA policy" in result.stderr
+
+
 def test_eval_reports_selection_metrics(tmp_path, tiny_model_dir, capsys):
     from agentic_grpo.cli import main as cli_main
 
