@@ -16,6 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from agentic_grpo.run_parts import RolloutParts
+from agentic_grpo.selection import selection_counts, selection_metrics, tool_names_of
 from agentic_grpo.trajectory import Trajectory
 
 
@@ -46,12 +47,14 @@ def load_policy(path: str, merge: bool = True) -> tuple[Any, Any]:
 
 
 def load_policy_for(path: str, parts: RolloutParts) -> tuple[Any, Any]:
-    """`load_policy` for a recipe's parts. When sub-agents run under LoRA adapters, the policy stays a PeftModel
-    (a base model gets an adapter that changes nothing), and each sub-agent adapter saved beside the policy's
-    (`path/NAME/`, as a run saves co-trained and frozen sub-agents) is loaded under its name, unless the recipe
-    gives that sub-agent an `adapter_path`."""
+    """`load_policy` for a recipe's parts. A LoRA policy stays unmerged when sub-agents run under adapters, or on
+    its base with the adapter off (`__base__`: merged, the trained weights would answer for the base). When
+    sub-agents run under LoRA adapters, the policy stays a PeftModel (a base model gets an adapter that changes
+    nothing), and each sub-agent adapter saved beside the policy's (`path/NAME/`, as a run saves co-trained and
+    frozen sub-agents) is loaded under its name, unless the recipe gives that sub-agent an `adapter_path`."""
+    adapters = [getattr(a, "adapter", None) for a in parts.all_agents()]
     agents = [a for a in parts.all_agents() if getattr(a, "adapter", None) not in (None, "__base__")]
-    model, tokenizer = load_policy(path, merge=not agents)
+    model, tokenizer = load_policy(path, merge=not any(name is not None for name in adapters))
     if not agents:
         return model, tokenizer
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -144,6 +147,9 @@ def evaluate(
         "tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
         "invalid_rate": sum(t.invalid for t in trajectories) / n,
     }
+    names = tool_names_of(parts)  # tools/selection_accuracy, routing/accuracy, tools/calls/<name>
+    counts = selection_counts(trajectories, repeated, names, [agent.name for agent in parts.agents])
+    metrics.update(selection_metrics(counts, names))
     if parts.agents:
         from agentic_grpo.subagents import subagent_usage
 

@@ -1,4 +1,5 @@
-"""PNG training curves from a run's `metrics.jsonl`: reward, accuracy, KL, tool use, trainable ratio.
+"""PNG training curves from a run's `metrics.jsonl`: reward, accuracy, KL, tool use, trainable ratio, tool
+selection and routing, calls per tool.
 
 Written at the end of every run to `output_dir/plots/`, and on demand with
 `agentic-grpo plot OUTPUT_DIR` (also while a run is still going). Matplotlib's Agg
@@ -18,6 +19,27 @@ CHARTS: dict[str, tuple[str, str, list[str]]] = {
     "kl": ("KL to the reference", "KL per token; kl_coef (beta)", ["kl", "kl_coef"]),
     "tool_call_rate": ("Tool use", "rate", ["tools/call_rate", "tools/error_rate", "trajectories/answered_rate"]),
     "trainable_ratio": ("Trainable tokens", "model tokens / completion tokens", ["tokens/trainable_ratio"]),
+    "tool_selection": (
+        "Tool selection and routing",
+        "fraction of trajectories",
+        [
+            "tools/selection_accuracy",
+            "tools/wrong_tool_rate",
+            "tools/no_tool_rate",
+            "routing/accuracy",
+            "eval_tools/selection_accuracy",
+            "eval_routing/accuracy",
+        ],
+    ),
+    "tool_calls": ("Calls per tool", "calls per trajectory", ["tools/calls/*"]),
+}
+# chart -> (held_out.json metric, label) drawn as before/after points on it
+HELD_OUT = {
+    "accuracy": [("accuracy", "held-out accuracy, before and after (test split)")],
+    "tool_selection": [
+        ("tools/selection_accuracy", "held-out selection accuracy, before and after"),
+        ("routing/accuracy", "held-out routing accuracy, before and after"),
+    ],
 }
 
 
@@ -45,18 +67,17 @@ def series(rows: list[dict], pattern: str) -> dict[str, tuple[list[int], list[fl
     return {k: (sorted(v), [v[s] for s in sorted(v)]) for k, v in sorted(found.items())}
 
 
-def held_out_points(output_dir: Path, rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
-    """Held-out accuracy before (step 0) and after (last step) training, from `held_out.json` when present."""
+def held_out_points(output_dir: Path, rows: list[dict], chart: str = "accuracy") -> dict[str, tuple[list, list]]:
+    """The chart's held-out metrics before (step 0) and after (last step) training, from `held_out.json`."""
     path = output_dir / "held_out.json"
-    if not path.is_file():
+    if not path.is_file() or chart not in HELD_OUT:
         return {}
     held_out = json.loads(path.read_text())
     last = max((int(r["step"]) for r in rows if "step" in r), default=0)
     return {
-        "held-out accuracy, before and after (test split)": (
-            [0, last],
-            [held_out["before"]["accuracy"], held_out["after"]["accuracy"]],
-        )
+        label: ([0, last], [held_out["before"][key], held_out["after"][key]])
+        for key, label in HELD_OUT[chart]
+        if key in held_out.get("before", {}) and key in held_out.get("after", {})
     }
 
 
@@ -78,8 +99,7 @@ def plot_run(output_dir: str | Path) -> list[Path]:
         lines: dict[str, tuple[list[int], list[float]]] = {}
         for pattern in patterns:
             lines.update(series(rows, pattern))
-        if name == "accuracy":
-            lines.update(held_out_points(output_dir, rows))
+        lines.update(held_out_points(output_dir, rows, name))
         if name == "reward":  # per-reward means only; `reward` itself is the weighted sum
             lines = {k: v for k, v in lines.items() if k == "reward" or k.endswith("/mean")}
         if not lines:

@@ -149,6 +149,11 @@ def run(prepared: PreparedRun) -> int:
                 f"{before['tool_call_rate']:.0%} -> {after['tool_call_rate']:.0%} ({Path(config.output_dir) / 'held_out.json'})",
                 flush=True,
             )
+            for key, what in (("tools/selection_accuracy", "tool selection"), ("routing/accuracy", "routing")):
+                if key in before and key in after:  # rows that name the tool or specialist that should answer
+                    print(
+                        f"  held-out {what} accuracy: {before[key]:.1%} before -> {after[key]:.1%} after", flush=True
+                    )
         try:
             from agentic_grpo.plots import plot_run
 

@@ -37,6 +37,7 @@ from agentic_grpo.reward_setup import guard_rewards
 from agentic_grpo.rollout import RolloutStats
 from agentic_grpo.run_files import RunFilesCallback
 from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
+from agentic_grpo.selection import log_selection_metrics
 from agentic_grpo.trajectory import Trajectory
 from agentic_grpo.vllm_backend import VLLMBackend
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
@@ -158,10 +159,15 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
         self.cotraining = None  # sub-agents trained with the policy, each on its own adapter
         if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
+            from agentic_grpo.subagents.adapters import BASE, is_peft_model
             from agentic_grpo.subagents.cotrain import CoTraining, trained_roles
             from agentic_grpo.subagents.sources import attach_adapters
 
             attach_adapters(self.model, parts.all_agents())
+            based = [a.name for a in parts.all_agents() if a.adapter == BASE]
+            if based and not is_peft_model(self.model):  # trained in full, the policy is no longer its own base
+                raise ValueError(f"sub-agent(s) {based} run on the policy's base model (`adapter: __base__`), which "
+                                 "needs a LoRA policy: set `use_peft: true`, or give them a `model` of their own")  # fmt: skip
             roles = trained_roles(parts.all_agents(), args.loss_type)
             self.cotraining = CoTraining(self, roles) if roles else None
         self.generation_backend = generation_backend
@@ -241,6 +247,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
         trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend)
         self._log_rollout(trajectories, stats)
+        log_selection_metrics(self, trajectories, rows)
         if self.rollout_parts.agents:
             from agentic_grpo.subagents.usage import log_subagent_metrics
 

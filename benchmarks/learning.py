@@ -2,7 +2,9 @@
 
 Evaluates the untrained model on the recipe's held-out split, trains with the recipe
 (a real run per seed), evaluates each trained adapter or model on the same split, and
-reports the accuracies, the minutes, the peak memory and the seeds.
+reports the accuracies, the minutes, the peak memory and the seeds. When the recipe's rows name the tool or
+specialist that should answer (`expected_tools`), it reports the selection (and routing) accuracy before and
+after beside the strict accuracy, and what the sub-agents cost per query.
 
 Nothing finished is done twice: the untrained model's result and each seed's are kept next to the
 run directories (`<prefix>-<recipe>-before.json`, `<prefix>-<recipe>-seedN.json`) and reused when
@@ -15,6 +17,8 @@ expression such as `504 * 766` is not an answer), whatever the recipe's own rewa
     agentic-grpo bench learning --seeds 0 1 2                       # the CPU demo, three seeds
     agentic-grpo bench learning --recipe cpu_reasoning_gym --seeds 0 1 2 --questions 100
     agentic-grpo bench learning --recipe ci_tiny --seeds 0 --max-steps 1 --questions 2   # a smoke run
+    agentic-grpo bench learning --recipe cpu_toolbox --seeds 0       # + tool selection accuracy before/after
+    agentic-grpo bench learning --recipe cpu_routing --seeds 0       # + routing accuracy, sub-agent tokens per query
 """
 
 from __future__ import annotations
@@ -50,12 +54,25 @@ def held_out(model: str, recipe: str, questions: int, k: int) -> dict:
 
     metrics, records = evaluate_held_out(model, recipe, questions, k)
     strict = [strictly_correct(r["final_answer"], r["row"].get("answer")) for r in records]
-    return {
+    measured = {
         "strict_accuracy": sum(strict) / max(1, len(strict)),
         "reward_accuracy": metrics["accuracy"],
         "tool_call_rate": metrics["tool_call_rate"],
         "cut_rate": sum(r["finish_reason"] == "length" for r in records) / max(1, len(records)),
     }
+    # Recipes whose rows name the tool or specialist that should answer (`expected_tools`) also report the choice.
+    for name, metric in CHOICE_METRICS.items():
+        if metric in metrics:
+            measured[name] = metrics[metric]
+    return measured
+
+
+# benchmark name -> `agentic-grpo eval` metric, reported before and after when the recipe's rows name tools
+CHOICE_METRICS = {
+    "selection_accuracy": "tools/selection_accuracy",
+    "routing_accuracy": "routing/accuracy",
+    "subagent_tokens_per_query": "subagent_tokens_per_trajectory",
+}
 
 
 def train(recipe: str, seed: int, output_dir: str, max_steps: int | None) -> tuple[float, int]:
@@ -77,7 +94,7 @@ def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Na
     """One seed: a real training run, then its strict held-out accuracy."""
     minutes, peak_mb = train(recipe, seed, output_dir, args.max_steps)
     after = held_out(output_dir, recipe, args.questions, args.k)
-    return {
+    run = {
         "seed": seed,
         "accuracy_after": after["strict_accuracy"],
         "gain_points": round(100 * (after["strict_accuracy"] - before["strict_accuracy"]), 1),
@@ -88,6 +105,12 @@ def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Na
         "train_peak_memory_mb": peak_mb,
         "output_dir": output_dir,
     }
+    for name in CHOICE_METRICS:
+        if name in after:
+            run[f"{name}_after"] = after[name]
+            if name.endswith("accuracy") and name in before:
+                run[f"{name}_gain_points"] = round(100 * (after[name] - before[name]), 1)
+    return run
 
 
 def main() -> int:
@@ -138,6 +161,15 @@ def main() -> int:
         "train_peak_memory_mb": max(r["train_peak_memory_mb"] for r in runs),
         "command": " ".join(["agentic-grpo bench learning", *sys.argv[1:]]),
     }
+    for name in CHOICE_METRICS:  # the choice of tool or specialist, before and after, beside strict accuracy
+        if name in before:
+            result[f"{name}_before"] = before[name]
+            afters = [r[f"{name}_after"] for r in runs if f"{name}_after" in r]
+            result[f"{name}_after_mean"] = round(sum(afters) / len(afters), 3) if afters else None
+            gains = [r[f"{name}_gain_points"] for r in runs if f"{name}_gain_points" in r]
+            if gains:
+                result[f"{name}_gain_points_mean"] = round(sum(gains) / len(gains), 1)
+                result[f"{name}_gain_points_min"] = min(gains)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -35,3 +35,25 @@ def test_one_step_smoke_run_reports_accuracy_minutes_and_memory(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["runs"] == report["runs"]
     assert (tmp_path / "run-ci_tiny-seed0" / "run.json").stat().st_mtime_ns == trained_at
+
+
+def test_a_routing_recipe_reports_routing_and_selection_accuracy_beside_strict_accuracy(tmp_path):
+    import yaml
+
+    from agentic_grpo.resources import find_shipped
+
+    recipe = yaml.safe_load(find_shipped("cpu_routing", "recipes", ".yaml").read_text())
+    recipe.update(model_name_or_path="tiny-random-llama", num_generations=2, per_device_train_batch_size=2,
+                  gradient_accumulation_steps=1, max_tokens_per_turn=16, max_completion_length=64,
+                  lora_target_modules=["q_proj", "v_proj"], save_strategy="no")  # fmt: skip
+    path = tmp_path / "tiny_routing.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    command = [sys.executable, "-m", "agentic_grpo.cli", "bench", "learning", "--recipe", str(path), "--seeds", "0",
+               "--max-steps", "1", "--questions", "3", "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    for name in ("routing_accuracy", "selection_accuracy"):
+        assert 0.0 <= report[f"{name}_before"] <= 1.0 and 0.0 <= report["runs"][0][f"{name}_after"] <= 1.0
+        assert report[f"{name}_gain_points_mean"] == report["runs"][0][f"{name}_gain_points"]
+    assert report["subagent_tokens_per_query_before"] >= 0.0

@@ -145,6 +145,33 @@ def test_adapter_subagent_on_a_policy_without_lora_is_refused_with_the_fix(tiny_
         pass
 
 
+def test_the_base_of_a_model_without_adapters_is_the_model_itself(tiny_model_dir):
+    """Evaluating the untrained policy: a `__base__` sub-agent answers with the model as it is."""
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir).train()
+    with generating_as(plain, "__base__") as model:
+        assert model is plain and not plain.training
+    assert plain.training
+
+
+def test_the_unmerged_lora_policy_is_loaded_for_eval_when_a_subagent_runs_on_its_base(tiny_model_dir, adapters,
+                                                                                      tmp_path):  # fmt: skip
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from agentic_grpo.evaluate import load_policy_for
+
+    trained = shutil.copytree(adapters[0], tmp_path / "trained")  # a run's output: the adapter and the tokenizer
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(trained)
+
+    base_agent = SubAgent("helper", "Answers.", RolloutParts(ToolEnvironment, {}, CallingFormat([], tool=None),
+                          RolloutLimits()), PolicySource("__base__"))  # fmt: skip
+    parts = RolloutParts(ToolEnvironment, {}, CallingFormat([base_agent.tool_schema()]), RolloutLimits(),
+                         agents=[base_agent])  # fmt: skip
+    model, _ = load_policy_for(str(trained), parts)
+    assert isinstance(model, PeftModel)  # merged, the trained weights would answer for the base
+
+
 def test_unknown_adapter_is_named_with_the_ones_the_policy_has(tiny_model_dir, adapters):
     model = policy_with(tiny_model_dir, adapters[0])
     with pytest.raises(ValueError, match=r"no LoRA adapter `z` \(it has: x\)"), generating_as(model, "z"):

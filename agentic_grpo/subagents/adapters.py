@@ -46,15 +46,16 @@ def is_peft_model(model: Any) -> bool:
 
 @contextlib.contextmanager
 def generating_as(model: Any, adapter: str | None) -> Iterator[Any]:
-    """`model` in eval mode, generating under `adapter` (None: as it is; `BASE`: adapters disabled), then restored.
+    """`model` in eval mode, generating under `adapter` (None: as it is; `BASE`: adapters disabled, or as it is when
+    it has none), then restored.
 
     Hold `model_lock(model)` around it when other threads may generate on the same model.
     """
     was_training = model.training
     model.eval()
     try:
-        if adapter is None:
-            yield model
+        if adapter is None or (adapter == BASE and not is_peft_model(model)):
+            yield model  # a model without adapters is its own base (the untrained policy, evaluated)
         elif not is_peft_model(model):
             raise ValueError(
                 f"a sub-agent asks for LoRA adapter `{adapter}`, but the policy is not a PEFT model: train with "
