@@ -135,6 +135,7 @@ def main() -> int:
     base_model = yaml.safe_load(Path(recipe).read_text())["model_name_or_path"]
     prefix = args.output_dir or str(Path("outputs") / "learning")
     stem = f"{prefix}-{Path(recipe).stem}"
+    Path(stem).parent.mkdir(parents=True, exist_ok=True)  # a prefix in a new directory
     key = {"recipe": Path(recipe).read_text(), "questions": args.questions, "k": args.k}
     measure_before = functools.partial(held_out, base_model, recipe, args.questions, args.k)
     before = cached(Path(f"{stem}-before.json"), key, measure_before)  # greedy: the same for every seed
