@@ -50,16 +50,25 @@ class TransformersBackend:
     `reuse_cache=False` reads every context whole on every call, as before `agentic_grpo.kv_reuse` (the
     reference its tests compare against). With it on, a model or config whose cache cannot be reused
     (sliding-window or recurrent layers, a static cache, a repetition penalty) falls back to that, logged once.
+    `shrink_batch=False` keeps every row in the batch until the last one stops, as `generate` does (with kept
+    keys and values only; `agentic_grpo.shrinking_batch`).
     """
 
     def __init__(
-        self, model: Any, tokenizer: Any, generation_config: Any, eos_token_ids: list[int], reuse_cache: bool = True
+        self,
+        model: Any,
+        tokenizer: Any,
+        generation_config: Any,
+        eos_token_ids: list[int],
+        reuse_cache: bool = True,
+        shrink_batch: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.generation_config = generation_config
         self.eos_token_ids = eos_token_ids
         self.reuse_cache = reuse_cache
+        self.shrink_batch = shrink_batch
         self._contexts = ContextCache()
         self._in_session = False
         self._fallback_logged = False
@@ -98,7 +107,9 @@ class TransformersBackend:
                 if not self._in_session:
                     self._contexts.clear()
                 try:
-                    new_tokens = generate_reusing(model, batch, self._contexts, config, self.tokenizer)
+                    new_tokens = generate_reusing(
+                        model, batch, self._contexts, config, self.tokenizer, self.shrink_batch
+                    )
                 finally:
                     if not self._in_session:
                         self._contexts.clear()

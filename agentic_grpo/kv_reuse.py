@@ -10,7 +10,7 @@ model was fed. The next call looks up, per row, the longest stored prefix of its
 keys and values into one left-padded batch cache (position ids come from the mask, as `generate` computes
 them), and hands `generate` only the tokens it has not seen: the end of the last turn and the tool
 observation. Contexts never seen (the prompts, on the first turn) are read once per
-distinct context. Sampling, logits processing and stopping stay HF `generate`'s own, on a batch of the
+distinct context, and the prefix they all share (system prompt, tool descriptions, worked examples) once. Sampling, logits processing and stopping stay HF `generate`'s own, on a batch of the
 same rows in the same order, so a fixed seed draws the same random numbers as a generation from scratch.
 
 What can differ is floating point: a context read in pieces sums in another order than one read whole,
@@ -20,10 +20,14 @@ changes which token wins: rare, and `tests/test_kv_reuse.py` checks token-for-to
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from agentic_grpo.shrinking_batch import sample_shrinking, stop_string_criteria
 
 CONTEXT_READING_PROCESSORS = {
     "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "min_length": 0,
@@ -95,52 +99,18 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _read_contexts(model: Any, contexts: list[list[int]], pad_id: int) -> list[_Entry]:
-    """Keys and values of each context, read in one left-padded forward pass."""
+def _held_batch(
+    model: Any, batch: list[list[int]], matches: list[tuple[_Entry | None, int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, Any, int]:
+    """`batch` left-padded, and a cache holding each row's first `n` tokens from its matched entry.
+
+    Every row's unread tokens end the batch, the same number for each: rows with fewer re-read a few of their
+    held tokens. A row is then padding on the left and its tokens in one run, as when read whole, so a stop
+    string can still span the end of the context and the start of the new tokens. Returns the input ids, the
+    attention mask, the cache and `held`, the number of leading columns the cache covers.
+    """
     from transformers import DynamicCache
 
-    width = max(len(c) for c in contexts)
-    input_ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(contexts), width), dtype=torch.long)
-    for row, ids in enumerate(contexts):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        mask[row, width - len(ids) :] = 1
-    cache = DynamicCache(config=model.config)
-    model(
-        input_ids=input_ids.to(model.device),
-        attention_mask=mask.to(model.device),
-        position_ids=_positions(mask).to(model.device),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    return [
-        _Entry(
-            list(ids),
-            [layer.keys[row, :, width - len(ids) :].clone() for layer in cache.layers],
-            [layer.values[row, :, width - len(ids) :].clone() for layer in cache.layers],
-        )
-        for row, ids in enumerate(contexts)
-    ]
-
-
-def generate_reusing(
-    model: Any, batch: list[list[int]], store: ContextCache, generation_config: Any, tokenizer: Any
-) -> list[list[int]]:
-    """HF `generate` on `batch`, reading only what `store` does not hold; returns each row's new tokens
-    (padded after its end, as `generate` returns them) and leaves in `store` what this call read and wrote."""
-    from transformers import DynamicCache
-
-    pad_id = tokenizer.pad_token_id
-    matches = [store.match(ids) for ids in batch]
-    unseen = sorted({tuple(ids[:-1]) for ids, (_, n) in zip(batch, matches, strict=True) if n == 0 and len(ids) > 1})
-    if unseen:  # each distinct context once: the G copies of a prompt are read together
-        store.entries.extend(_read_contexts(model, [list(c) for c in unseen], pad_id))
-        matches = [store.match(ids) for ids in batch]
-
-    # Every row's unread tokens end the batch, the same number for each: rows with fewer re-read a few of their
-    # held tokens. A row is then padding on the left and its tokens in one run, as when read whole, so a stop
-    # string can still span the end of the context and the start of the new tokens.
     fresh = max(len(ids) - n for ids, (_, n) in zip(batch, matches, strict=True))
     matches = [(entry, max(0, min(n, len(ids) - fresh))) for ids, (entry, n) in zip(batch, matches, strict=True)]
     held = max(n for _, n in matches)
@@ -150,7 +120,7 @@ def generate_reusing(
     for row, ids in enumerate(batch):
         input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
         mask[row, width - len(ids) :] = 1
-    cache = DynamicCache(config=model.config)  # `generate` extends it in place: read back below
+    cache = DynamicCache(config=model.config)
     if held:
         reference = next(entry for entry, n in matches if entry is not None)
         for layer in range(len(reference.keys)):
@@ -162,16 +132,85 @@ def generate_reusing(
                     keys[row, :, held - n :] = entry.keys[layer][:, :n]
                     values[row, :, held - n :] = entry.values[layer][:, :n]
             cache.update(keys.to(model.device), values.to(model.device), layer)
+    return input_ids.to(model.device), mask.to(model.device), cache, held
+
+
+def _entries(batch: list[list[int]], cache: Any, width: int) -> list[_Entry]:
+    """Each row's entry from a cache over the left-padded `batch` (`width` columns)."""
+    return [
+        _Entry(
+            list(ids),
+            [layer.keys[row, :, width - len(ids) : width].clone() for layer in cache.layers],
+            [layer.values[row, :, width - len(ids) : width].clone() for layer in cache.layers],
+        )
+        for row, ids in enumerate(batch)
+    ]
+
+
+def _read_contexts(model: Any, contexts: list[list[int]], pad_id: int) -> list[_Entry]:
+    """Keys and values of each context. The prefix all of them share (a system prompt, tool descriptions,
+    worked examples: most of a prompt) is read once; then each context's rest, in one left-padded pass."""
+    shared = len(os.path.commonprefix(contexts)) if len(contexts) > 1 else 0
+    shared = min(shared, min(map(len, contexts)) - 1)
+    matches: list[tuple[_Entry | None, int]] = [(None, 0)] * len(contexts)
+    if shared > 1:
+        [prefix] = _read_contexts(model, [contexts[0][:shared]], pad_id)
+        matches = [(prefix, shared)] * len(contexts)
+    input_ids, mask, cache, held = _held_batch(model, contexts, matches, pad_id)
+    model(
+        input_ids=input_ids[:, held:], attention_mask=mask, position_ids=_positions(mask)[:, held:],
+        past_key_values=cache, use_cache=True, logits_to_keep=1,
+    )  # fmt: skip
+    return _entries(contexts, cache, input_ids.shape[1])
+
+
+def generate_reusing(
+    model: Any,
+    batch: list[list[int]],
+    store: ContextCache,
+    generation_config: Any,
+    tokenizer: Any,
+    shrink: bool = True,
+) -> list[list[int]]:
+    """HF `generate` on `batch`, reading only what `store` does not hold; returns each row's new tokens
+    (padded after its end, as `generate` returns them) and leaves in `store` what this call read and wrote.
+
+    With `shrink`, rows leave the batch as they stop (`agentic_grpo.shrinking_batch`: same processors, stopping
+    and random numbers), except where the processes must decode in lockstep (ZeRO-3 or FSDP over several)."""
+    pad_id = tokenizer.pad_token_id
+    matches = [store.match(ids) for ids in batch]
+    unseen = sorted({tuple(ids[:-1]) for ids, (_, n) in zip(batch, matches, strict=True) if n == 0 and len(ids) > 1})
+    if unseen:  # each distinct context once: the G copies of a prompt are read together
+        store.entries.extend(_read_contexts(model, [list(c) for c in unseen], pad_id))
+        matches = [store.match(ids) for ids in batch]
+    input_ids, mask, cache, _ = _held_batch(model, batch, matches, pad_id)  # `generate` extends the cache in place
+    width = input_ids.shape[1]
+    stopped: dict[int, _Entry] = {}
+
+    def keep_stopped(row: int, tokens: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        start, end = width - len(batch[row]), width + len(tokens) - 1  # its last token was never fed
+        stopped[row] = _Entry(list(batch[row]) + tokens[:-1], [k[:, start:end].clone() for k in keys],
+                              [v[:, start:end].clone() for v in values])  # fmt: skip
+
+    shrinking = shrink and not needs_lockstep(model)
+    if shrinking:
+        generation_config, stopping = stop_string_criteria(generation_config, tokenizer)
+        custom = {"custom_generate": functools.partial(sample_shrinking, kv_cache=cache, on_stop=keep_stopped),
+                  "stopping_criteria": stopping}  # fmt: skip
     output = model.generate(
-        input_ids=input_ids.to(model.device),
-        attention_mask=mask.to(model.device),
+        input_ids=input_ids,
+        attention_mask=mask,
         past_key_values=cache,
         generation_config=generation_config,
         tokenizer=tokenizer,
         use_cache=True,
+        **(custom if shrinking else {}),
     )
     sequences = output.sequences if hasattr(output, "sequences") else output
     new_tokens = sequences[:, width:].cpu().tolist()
+    if shrinking:
+        store.entries = [stopped[row] for row in range(len(batch))]
+        return new_tokens
     layers = cache.layers
     fed = layers[0].keys.shape[-2] - width  # the last sampled token was never fed back
     entries = [
@@ -184,3 +223,14 @@ def generate_reusing(
     ]
     store.entries = entries  # trajectories not in this batch have finished: their entries go
     return new_tokens
+
+
+def needs_lockstep(model: Any) -> bool:
+    """Whether every process must run the same decoding steps (`generate`'s `synced_gpus`: ZeRO-3 or FSDP shards
+    over several processes), which a batch that shrinks on its own schedule would break."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    from transformers.integrations.fsdp import is_fsdp_managed_module
+
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    world = torch.distributed.get_world_size() if distributed else 1
+    return world > 1 and (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))

@@ -34,15 +34,15 @@ def tiny(tiny_model_dir: str, lora: bool):
 EOS_IDS = [2, *range(100, 130)]  # <|im_end|> and 30 more: about 1 token in 20 ends a turn
 
 
-def backend_for(model, tokenizer, reuse: bool) -> TransformersBackend:
+def backend_for(model, tokenizer, reuse: bool, shrink: bool = True) -> TransformersBackend:
     config = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=None,
                               pad_token_id=tokenizer.pad_token_id, eos_token_id=EOS_IDS)  # fmt: skip
-    return TransformersBackend(model, tokenizer, config, EOS_IDS, reuse_cache=reuse)
+    return TransformersBackend(model, tokenizer, config, EOS_IDS, reuse_cache=reuse, shrink_batch=shrink)
 
 
-def rollout(model, tokenizer, reuse: bool, seed: int = 0, backend=None):
+def rollout(model, tokenizer, reuse: bool, seed: int = 0, backend=None, shrink: bool = True):
     """One seeded multi-turn rollout; returns each trajectory's segments and the number of tokens the model read."""
-    backend = backend or backend_for(model, tokenizer, reuse)
+    backend = backend or backend_for(model, tokenizer, reuse, shrink)
     trajectory_format = load_format("react", Calculator.tool_schemas())
     manager = RolloutManager(Calculator, trajectory_format, tokenizer,
                              RolloutLimits(max_turns=4, max_tokens_per_turn=24, max_completion_tokens=200))  # fmt: skip
@@ -58,11 +58,12 @@ def rollout(model, tokenizer, reuse: bool, seed: int = 0, backend=None):
     return trajectories, sum(read)
 
 
+@pytest.mark.parametrize("shrink", [False, True], ids=["full-batch", "shrinking-batch"])
 @pytest.mark.parametrize("lora", [False, True], ids=["plain", "lora"])
-def test_kept_keys_and_values_sample_the_same_tokens(tiny_model_dir, tokenizer, lora):
+def test_kept_keys_and_values_sample_the_same_tokens(tiny_model_dir, tokenizer, lora, shrink):
     model = tiny(tiny_model_dir, lora)
     before, read_before = rollout(model, tokenizer, reuse=False)
-    after, read_after = rollout(model, tokenizer, reuse=True)
+    after, read_after = rollout(model, tokenizer, reuse=True, shrink=shrink)
 
     def segments(trajectories):
         return [[(s.role, s.token_ids) for s in t.segments] for t in trajectories]
@@ -102,3 +103,46 @@ def test_a_repetition_penalty_falls_back_to_reading_whole_contexts(tiny_model_di
     plain = TransformersBackend(model, tokenizer, config, [tokenizer.eos_token_id], reuse_cache=False)
     batch = [tokenizer("What is 12 * 34?")["input_ids"], tokenizer("hi")["input_ids"]]
     assert [g.token_ids for g in reusing.generate(batch, [], 8)] == [g.token_ids for g in plain.generate(batch, [], 8)]
+
+
+def test_a_shrinking_batch_stops_feeding_rows_that_have_stopped(tiny_model_dir, tokenizer):
+    """Same tokens as the full batch (the test above), and fewer tokens through the model: rows that stopped
+    early in a turn are no longer fed padding while the longest row goes on."""
+    model = tiny(tiny_model_dir, lora=False)
+    full, read_full = rollout(model, tokenizer, reuse=True, shrink=False)
+    shrunk, read_shrunk = rollout(model, tokenizer, reuse=True, shrink=True)
+    assert [[s.token_ids for s in t.segments] for t in shrunk] == [[s.token_ids for s in t.segments] for t in full]
+    assert read_shrunk < read_full
+    after_full, after_shrunk = torch.random.get_rng_state(), None
+    rollout(model, tokenizer, reuse=True, shrink=False, seed=3)
+    after_full = torch.random.get_rng_state()
+    rollout(model, tokenizer, reuse=True, shrink=True, seed=3)
+    after_shrunk = torch.random.get_rng_state()
+    assert torch.equal(after_full, after_shrunk), "the generator is left where `generate` leaves it"
+
+
+def test_a_shrinking_batch_samples_greedily_and_stops_on_strings(tiny_model_dir, tokenizer):
+    """Greedy, with a stop string that ends one row after one token and another after two (the random model
+    repeats a token; the string spans the end of the context): the same rows as `generate`'s, padded after."""
+    model = tiny(tiny_model_dir, lora=False)
+    config = GenerationConfig(do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=EOS_IDS)
+    batch = [tokenizer(text)["input_ids"] for text in ["What is 12 * 34?", "hi", "Observation: 3"]]
+    results = {}
+    for shrink in (False, True):
+        backend = TransformersBackend(model, tokenizer, config, EOS_IDS, shrink_batch=shrink)
+        results[shrink] = [g.token_ids for g in backend.generate(batch, ["??", " 3 3 3"], 16)]
+    assert results[True] == results[False]
+    ended = [ids.index(tokenizer.pad_token_id) if tokenizer.pad_token_id in ids else len(ids) for ids in results[True]]
+    assert ended == [1, 16, 2]
+
+
+def test_a_shrinking_batch_without_padding_samples_what_generate_samples(tiny_model_dir, tokenizer):
+    """Rows of one length (the G copies of a prompt, on the first turn): `generate` passes no attention mask."""
+    model = tiny(tiny_model_dir, lora=False)
+    batch = [tokenizer("What is 12 * 34?")["input_ids"]] * 3
+    results = {}
+    for shrink in (False, True):
+        torch.manual_seed(0)
+        results[shrink] = [g.token_ids for g in backend_for(model, tokenizer, True, shrink).generate(batch, [], 12)]
+    assert results[True] == results[False]
+    assert len({tuple(ids) for ids in results[True]}) > 1, "sampled: the copies differ"

@@ -1,0 +1,121 @@
+"""Sampling whose batch shrinks: a row leaves the batch, keys and values included, as soon as it stops.
+
+HF `generate` keeps every row until the last one stops and feeds the finished ones padding, so one long
+turn makes the whole batch pay for its length. In a rollout turn most rows stop early (a call is about
+30 tokens, an answer fewer, the budget is 48-64), so much of a turn's decoding was padding.
+
+`sample_shrinking` is a decoding loop handed to `generate` through its public `custom_generate` seam:
+`generate` still builds the logits processors, the stopping criteria (EOS, stop strings, length) and the
+special tokens exactly as for its own sampling; only the loop differs. It reads the batch's unread tokens
+once, then decodes the live rows only, and hands each stopped row's keys and values to `on_stop` before
+dropping them from the cache. `generate` drops the tokenizer before it calls a custom loop, so stop strings
+come as a ready criterion (`stop_string_criteria`), not as `stop_strings`.
+
+The random numbers are `generate`'s own. `torch.multinomial(p, 1)`, which `generate` samples with, is
+`argmax(p / E)` for exponential noise `E` drawn over the whole (batch, vocabulary); the loop draws `E` for
+the full batch every step, as `generate` does, and gives each live row its own row of it. A fixed seed
+then samples the same tokens as `generate` and leaves the generator in the same state after the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+RowStop = Callable[[int, list[int], list[torch.Tensor], list[torch.Tensor]], None]
+"""`on_stop(row, new_tokens, keys, values)`: a row stopped; `keys`/`values` per layer are kv_heads x fed x
+head_dim, for every token fed so far (its context, then all its new tokens but the last)."""
+
+
+def sample_shrinking(
+    model: Any,
+    input_ids: torch.LongTensor,
+    logits_processor: Any,
+    stopping_criteria: Any,
+    generation_config: Any,
+    *,
+    kv_cache: Any,
+    on_stop: RowStop,
+    **model_kwargs: Any,
+) -> torch.LongTensor:
+    """`generate`'s sampling over `input_ids` (left-padded; `kv_cache` holds the keys and values of the first
+    `kv_cache.get_seq_length()` columns), dropping each row from the batch once it stops.
+
+    Returns the sequences as `generate` does: the input, then each row's new tokens padded after its end.
+    """
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is None:  # `generate` drops a mask without padding
+        attention_mask = torch.ones_like(input_ids)
+    given = input_ids
+    batch, width = input_ids.shape
+    cache = kv_cache
+    held = cache.get_seq_length()
+    live = torch.arange(batch, device=input_ids.device)  # each live row's index in the caller's batch
+    new_tokens: list[list[int]] = [[] for _ in range(batch)]
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    outputs = model(
+        input_ids=input_ids[:, held:], attention_mask=attention_mask, position_ids=positions[:, held:],
+        past_key_values=cache, use_cache=True, logits_to_keep=1,
+    )  # fmt: skip
+    while True:
+        scores = logits_processor(input_ids, outputs.logits[:, -1].to(dtype=torch.float32))
+        if generation_config.do_sample:
+            probs = torch.nn.functional.softmax(scores, dim=-1)
+            noise = torch.empty((batch, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
+            next_tokens = (probs / noise[live]).argmax(-1)
+        else:
+            next_tokens = scores.argmax(-1)
+        input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+        for row, token in zip(live.tolist(), next_tokens.tolist(), strict=True):
+            new_tokens[row].append(token)
+        stopped = stopping_criteria(input_ids, scores)
+        for index in stopped.nonzero().flatten().tolist():
+            row = int(live[index])
+            on_stop(
+                row,
+                new_tokens[row],
+                [layer.keys[index] for layer in cache.layers],
+                [layer.values[index] for layer in cache.layers],
+            )
+        if bool(stopped.all()):
+            break
+        if bool(stopped.any()):
+            keep = (~stopped).nonzero().flatten()
+            live, input_ids, attention_mask, next_tokens = (
+                live[keep],
+                input_ids[keep],
+                attention_mask[keep],
+                next_tokens[keep],
+            )
+            cache.batch_select_indices(keep)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(live), 1))], dim=-1)
+        outputs = model(
+            input_ids=next_tokens[:, None], attention_mask=attention_mask,
+            position_ids=attention_mask.long().sum(-1, keepdim=True) - 1,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        )  # fmt: skip
+
+    pad = getattr(generation_config, "_pad_token_tensor", None)
+    pad_id = int(pad) if pad is not None else (generation_config.pad_token_id or 0)
+    sequences = given.new_full((batch, width + max(map(len, new_tokens))), pad_id)
+    sequences[:, :width] = given
+    for row, tokens in enumerate(new_tokens):
+        sequences[row, width : width + len(tokens)] = given.new_tensor(tokens)
+    return sequences
+
+
+def stop_string_criteria(generation_config: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """`generation_config` without its stop strings, and a criterion list that stops on them, for `generate`
+    with a custom loop (it builds its own stop-string criterion only when it has the tokenizer)."""
+    import copy
+
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    stops = generation_config.stop_strings
+    if not stops:
+        return generation_config, StoppingCriteriaList()
+    config = copy.copy(generation_config)
+    config.stop_strings = None
+    return config, StoppingCriteriaList([StopStringCriteria(tokenizer=tokenizer, stop_strings=stops)])
