@@ -169,8 +169,9 @@ class LLMJudge:
                         f"LLMJudge field `api_key_env`: environment variable {api_key_env} is not set or empty"
                     )
             self.backend = OpenAIBackend(
-                endpoint, model, api_key, max_concurrency, timeout_s, max_retries, backoff_s, max_backoff_s,
-                max_tokens, temperature, structured_output,
+                endpoint, model, api_key, max_concurrency=max_concurrency, timeout_s=timeout_s,
+                max_retries=max_retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s, max_tokens=max_tokens,
+                temperature=temperature, structured_output=structured_output,
             )  # fmt: skip
             problem = self.backend.check() if check_endpoint else None
             if problem is not None:

@@ -57,21 +57,23 @@ class OpenAIBackend:
     after `timeout_s`, and is retried up to `max_retries` times on connection errors,
     timeouts, 429 and 5xx: waiting what the server's Retry-After asks (capped at
     `max_backoff_s`), else `backoff_s * 2**attempt` with jitter. Other 4xx are not retried.
+    Every budget is `LLMJudge`'s (its one default lives there), handed down by name.
     """
 
     def __init__(
         self,
         endpoint: str,
         model: str,
-        api_key: str | None = None,
-        max_concurrency: int = 8,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 30.0,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        structured_output: str = "auto",
+        api_key: str | None,
+        *,
+        max_concurrency: int,
+        timeout_s: float,
+        max_retries: int,
+        backoff_s: float,
+        max_backoff_s: float,
+        max_tokens: int,
+        temperature: float,
+        structured_output: str,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         # The response formats still to try, best first; emptied when the server refuses them all.
