@@ -135,15 +135,18 @@ def _held_batch(
     return input_ids.to(model.device), mask.to(model.device), cache, held
 
 
-def _entries(batch: list[list[int]], cache: Any, width: int) -> list[_Entry]:
-    """Each row's entry from a cache over the left-padded `batch` (`width` columns)."""
+def _entry(ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor], start: int) -> _Entry:
+    """The entry of `ids`, whose keys and values (per layer: kv_heads x columns x head_dim) begin at `start`."""
+    end = start + len(ids)
+    return _Entry(list(ids), [k[:, start:end].clone() for k in keys], [v[:, start:end].clone() for v in values])
+
+
+def _entries(cache: Any, rows: list[tuple[list[int], int]]) -> list[_Entry]:
+    """Row r's entry from `cache`, for each `(ids, start)` of `rows`: the ids and where their columns begin."""
+    layers = cache.layers
     return [
-        _Entry(
-            list(ids),
-            [layer.keys[row, :, width - len(ids) : width].clone() for layer in cache.layers],
-            [layer.values[row, :, width - len(ids) : width].clone() for layer in cache.layers],
-        )
-        for row, ids in enumerate(batch)
+        _entry(ids, [layer.keys[row] for layer in layers], [layer.values[row] for layer in layers], start)
+        for row, (ids, start) in enumerate(rows)
     ]
 
 
@@ -161,7 +164,8 @@ def _read_contexts(model: Any, contexts: list[list[int]], pad_id: int) -> list[_
         input_ids=input_ids[:, held:], attention_mask=mask, position_ids=_positions(mask)[:, held:],
         past_key_values=cache, use_cache=True, logits_to_keep=1,
     )  # fmt: skip
-    return _entries(contexts, cache, input_ids.shape[1])
+    width = input_ids.shape[1]
+    return _entries(cache, [(ids, width - len(ids)) for ids in contexts])
 
 
 def generate_reusing(
@@ -188,9 +192,8 @@ def generate_reusing(
     stopped: dict[int, _Entry] = {}
 
     def keep_stopped(row: int, tokens: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        start, end = width - len(batch[row]), width + len(tokens) - 1  # its last token was never fed
-        stopped[row] = _Entry(list(batch[row]) + tokens[:-1], [k[:, start:end].clone() for k in keys],
-                              [v[:, start:end].clone() for v in values])  # fmt: skip
+        # A stopped row's last token was never fed: its keys and values end one token before it.
+        stopped[row] = _entry(batch[row] + tokens[:-1], keys, values, width - len(batch[row]))
 
     shrinking = shrink and not needs_lockstep(model)
     if shrinking:
@@ -211,16 +214,8 @@ def generate_reusing(
     if shrinking:
         store.entries = [stopped[row] for row in range(len(batch))]
         return new_tokens
-    layers = cache.layers
-    fed = layers[0].keys.shape[-2] - width  # the last sampled token was never fed back
-    entries = [
-        _Entry(
-            list(ids) + new_tokens[row][:fed],
-            [layer.keys[row, :, width - len(ids) : width + fed].clone() for layer in layers],
-            [layer.values[row, :, width - len(ids) : width + fed].clone() for layer in layers],
-        )
-        for row, ids in enumerate(batch)
-    ]
+    fed = cache.layers[0].keys.shape[-2] - width  # the last sampled token was never fed back
+    entries = _entries(cache, [(ids + new_tokens[row][:fed], width - len(ids)) for row, ids in enumerate(batch)])
     store.entries = entries  # trajectories not in this batch have finished: their entries go
     return new_tokens
 

@@ -50,14 +50,13 @@ def sample_shrinking(
         attention_mask = torch.ones_like(input_ids)
     given = input_ids
     batch, width = input_ids.shape
-    cache = kv_cache
-    held = cache.get_seq_length()
+    held = kv_cache.get_seq_length()
     live = torch.arange(batch, device=input_ids.device)  # each live row's index in the caller's batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     outputs = model(
         input_ids=input_ids[:, held:], attention_mask=attention_mask, position_ids=positions[:, held:],
-        past_key_values=cache, use_cache=True, logits_to_keep=1,
+        past_key_values=kv_cache, use_cache=True, logits_to_keep=1,
     )  # fmt: skip
     while True:
         scores = logits_processor(input_ids, outputs.logits[:, -1].to(dtype=torch.float32))
@@ -76,8 +75,8 @@ def sample_shrinking(
             on_stop(
                 row,
                 new_tokens[row],
-                [layer.keys[index] for layer in cache.layers],
-                [layer.values[index] for layer in cache.layers],
+                [layer.keys[index] for layer in kv_cache.layers],
+                [layer.values[index] for layer in kv_cache.layers],
             )
         if bool(stopped.all()):
             break
@@ -89,12 +88,12 @@ def sample_shrinking(
                 attention_mask[keep],
                 next_tokens[keep],
             )
-            cache.batch_select_indices(keep)
+            kv_cache.batch_select_indices(keep)
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(live), 1))], dim=-1)
         outputs = model(
             input_ids=next_tokens[:, None], attention_mask=attention_mask,
             position_ids=attention_mask.long().sum(-1, keepdim=True) - 1,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            past_key_values=kv_cache, use_cache=True, logits_to_keep=1,
         )  # fmt: skip
 
     pad = getattr(generation_config, "_pad_token_tensor", None)
