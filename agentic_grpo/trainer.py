@@ -294,14 +294,14 @@ class AgenticGRPOTrainer(GRPOTrainer):
         return filled
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss for the policy's rows, plus each co-trained sub-agent's loss over those rows' children."""
-        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        """TRL's loss for the policy's rows, plus each co-trained sub-agent's loss over those rows' children (computed
+        first: back-propagated one child at a time when `CoTraining.backward` allows)."""
         if self.cotraining is None:
-            return loss
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        role_losses = self.cotraining.losses(model, inputs.get("role_samples", []), self.cotraining.backward())
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self.cotraining.log_policy_loss(loss)
-        for role_loss in self.cotraining.losses(model, inputs.get("role_samples", [])).values():
-            loss = loss + role_loss
-        return loss
+        return loss + sum(role_losses.values())
 
     def create_optimizer(self, model: Any = None) -> Any:
         """The Trainer's optimizer, with each co-trained sub-agent's adapter in parameter groups of its own (its

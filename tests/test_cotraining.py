@@ -101,6 +101,42 @@ def test_each_roles_loss_only_reaches_its_own_adapter(tiny_model_dir, tmp_path):
     assert reached(GRPOTrainer.compute_loss(trainer, model, inputs)) == {"default"}
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo"])
+def test_back_propagating_one_child_at_a_time_gives_the_summed_losss_gradients(tiny_model_dir, tmp_path, loss_type):
+    trainer = make_trainer(tiny_model_dir, tmp_path, helper(), loss_type=loss_type)
+    model = trainer.model
+    with torch.no_grad():  # B = 0 at the start would give A no gradient: make the helper's adapter act
+        for name, p in model.named_parameters():
+            if ".lora_B.helper" in name:
+                p.normal_(0, 0.1)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2  # the scaling for accumulation must be kept as well
+    inputs = trainer._generate_and_score_completions([dict(row) for row in trainer.train_dataset][:4])
+    assert sum(len(row) for row in inputs["role_samples"]) > 1  # several children: the split is exercised
+
+    def helper_grads() -> dict[str, torch.Tensor]:
+        grads = {
+            n: p.grad.clone() for n, p in model.named_parameters() if adapter_of(n) == "helper" and p.grad is not None
+        }
+        model.zero_grad(set_to_none=True)
+        return grads
+
+    summed = trainer.cotraining.losses(model, inputs["role_samples"])["helper"]
+    summed.backward()
+    expected = helper_grads()
+    calls = []
+    split = trainer.cotraining.losses(
+        model, inputs["role_samples"], backward=lambda loss: calls.append(loss) or loss.backward()
+    )
+    got = helper_grads()
+    assert len(calls) == sum(len(row) for row in inputs["role_samples"])  # one backward per child
+    assert not split["helper"].requires_grad and split["helper"].item() == pytest.approx(summed.item(), rel=1e-5)
+    assert expected and expected.keys() == got.keys()
+    assert any(g.abs().sum() > 0 for g in expected.values())
+    for name, grad in expected.items():
+        assert torch.allclose(got[name], grad, rtol=1e-4, atol=1e-7), name
+
+
 def test_advantages_are_grouped_by_query_per_role():
     rows = [[ChildSample("a", [1], [2], [1], reward=r)] for r in (1.0, 0.0, 5.0, 5.0)]  # G=2: queries {0,1}, {2,3}
     rows[1].append(ChildSample("a", [1], [2], [1], reward=0.0))  # a parent that called twice: two samples

@@ -16,6 +16,8 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
   TRL's clipped surrogate (same epsilons, `delta`), old log-probs detached (or computed at generation when
   TRL computes them for the policy), KL against the base model (adapters disabled) with the run's `beta`,
   aggregated as the run's `loss_type` (grpo, bnpo or dapo) and scaled for gradient accumulation as TRL does.
+  In one process without DeepSpeed, each child's share is back-propagated on its own, before the policy's
+  forward, so one child's graph at a time is alive (the same gradients as the summed loss, less memory).
   A forward under one adapter builds the graph of that adapter's parameters alone, so each role's loss
   moves its own adapter and nothing else.
 - Optimizer: one parameter group per role (its `learning_rate`, or the run's), see `role_param_groups`.
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 
 from agentic_grpo.clipped import masked_loss_mask
 from agentic_grpo.subagents.adapters import adapter_active
@@ -287,6 +289,14 @@ class CoTraining:
 
     # --- in the loss ------------------------------------------------------------------
 
+    def backward(self) -> Any:
+        """The accelerator's backward, when a child's loss can be back-propagated on its own inside `compute_loss`
+        with the gradients the Trainer's backward of the summed loss would give; else None. That holds in one
+        process without DeepSpeed (whose backward also steps its engine) while gradients are on (not in eval)."""
+        accelerator = self.trainer.accelerator
+        alone = accelerator.num_processes == 1 and accelerator.distributed_type != DistributedType.DEEPSPEED
+        return accelerator.backward if alone and torch.is_grad_enabled() else None
+
     def log_policy_loss(self, loss: torch.Tensor) -> None:
         """`roles/policy/loss` and `/kl`: TRL's loss of this micro-batch (unscaled) and the KL it just logged."""
         trainer = self.trainer
@@ -297,20 +307,43 @@ class CoTraining:
         if metrics.get("kl"):
             metrics[f"roles/{POLICY_ROLE}/kl"].append(metrics["kl"][-1])
 
-    def losses(self, model: Any, rows: list[list[ChildSample]]) -> dict[str, torch.Tensor]:
+    def losses(self, model: Any, rows: list[list[ChildSample]], backward: Any = None) -> dict[str, torch.Tensor]:
         """Each role's GRPO loss over the children of one micro-batch's rows (`rows`: their samples), scaled
-        for gradient accumulation as TRL scales the policy's; logs `roles/<name>/loss` and `/kl`."""
+        for gradient accumulation as TRL scales the policy's; logs `roles/<name>/loss` and `/kl`.
+
+        With `backward` (the accelerator's), each child's share of its role's loss is back-propagated at once,
+        one child at a time, and the losses come back detached: only one child's graph is alive at a time
+        (a batch of children held beside the policy's graph was most of co-training's peak memory)."""
         # PEFT re-enabling adapters after `disable_adapter()` (TRL's reference log-probs, `__base__` sub-agents)
         # freezes every adapter but the active one: the roles' adapters are made trainable again first.
         self.make_trainable()
+        mode = "train" if self.trainer.model.training else "eval"
+        metrics = self.trainer._metrics[mode]
         found = {}
         for role in self.roles:
             mine = [s for row in rows for s in row if s.role == role.name]
-            if mine:
-                found[role.name] = self._role_loss(model, role, mine)
+            if not mine:
+                continue
+            parts = []
+            for chunk in [[s] for s in mine] if backward else [mine]:
+                loss, kl, tokens = self._role_loss(model, role, mine, chunk)
+                if backward:
+                    backward(loss)
+                    loss = loss.detach()
+                parts.append((loss, kl, tokens))
+            loss = sum(part[0] for part in parts)
+            found[role.name] = loss
+            accumulation = self.trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
+            metrics[f"roles/{role.name}/loss"].append(loss.item() * accumulation)
+            if self.trainer.beta != 0.0:
+                metrics[f"roles/{role.name}/kl"].append(sum(p[1] for p in parts) / max(sum(p[2] for p in parts), 1.0))
         return found
 
-    def _role_loss(self, model: Any, role: Role, samples: list[ChildSample]) -> torch.Tensor:
+    def _role_loss(
+        self, model: Any, role: Role, together: list[ChildSample], samples: list[ChildSample]
+    ) -> tuple[torch.Tensor, float, float]:
+        """The share of `samples` (some of `together`, the role's samples in the micro-batch) in the role's loss,
+        normalised over `together`; with the KL summed over their trained tokens and the count of those tokens."""
         trainer, args = self.trainer, self.trainer.args
         mode = "train" if trainer.model.training else "eval"
         device = trainer.accelerator.device
@@ -326,23 +359,21 @@ class CoTraining:
         if args.delta is not None:
             ratio = torch.clamp(ratio, max=args.delta)
         per_token = -torch.min(ratio * advantages, clipped * advantages)
-        kl = None
+        kl_sum = 0.0
         if trainer.beta != 0.0:
             ref = completion_tensor(samples, "ref_logps", width, device)
             kl = torch.exp(ref - logps) - (ref - logps) - 1
             per_token = per_token + trainer.beta * kl
+            kl_sum = (kl * mask).sum().item()
         accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
         if trainer.loss_type == "grpo":
-            loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+            loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / len(together) / accumulation
         elif trainer.loss_type == "bnpo":
-            loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+            tokens = max(float(sum(sum(s.loss_mask) for s in together)), 1.0)
+            loss = (per_token * mask).sum() / tokens / accumulation
         else:  # dapo: the role's tokens of the whole generation batch, per process and accumulation window
             normalizer = max(samples[0].role_tokens, 1.0) / trainer.accelerator.num_processes
             if mode == "train":
                 normalizer = normalizer * accumulation / args.steps_per_generation
             loss = (per_token * mask).sum() / normalizer
-        metrics = trainer._metrics[mode]
-        metrics[f"roles/{role.name}/loss"].append(loss.item() * accumulation)
-        if kl is not None:
-            metrics[f"roles/{role.name}/kl"].append(((kl * mask).sum() / mask.sum().clamp(min=1.0)).item())
-        return loss
+        return loss, kl_sum, mask.sum().item()
