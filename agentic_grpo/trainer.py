@@ -159,17 +159,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
         self.cotraining = None  # sub-agents trained with the policy, each on its own adapter
         if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
-            from agentic_grpo.subagents.adapters import BASE, is_peft_model
-            from agentic_grpo.subagents.cotrain import CoTraining, trained_roles
-            from agentic_grpo.subagents.sources import attach_adapters
+            from agentic_grpo.subagents.cotrain import CoTraining
 
-            attach_adapters(self.model, parts.all_agents())
-            based = [a.name for a in parts.all_agents() if a.adapter == BASE]
-            if based and not is_peft_model(self.model):  # trained in full, the policy is no longer its own base
-                raise ValueError(f"sub-agent(s) {based} run on the policy's base model (`adapter: __base__`), which "
-                                 "needs a LoRA policy: set `use_peft: true`, or give them a `model` of their own")  # fmt: skip
-            roles = trained_roles(parts.all_agents(), args.loss_type)
-            self.cotraining = CoTraining(self, roles) if roles else None
+            self.cotraining = CoTraining.for_trainer(self, parts.all_agents())
         self.generation_backend = generation_backend
         self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
         self.add_callback(RunFilesCallback(self))
@@ -307,14 +299,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
         """The Trainer's optimizer, with each co-trained sub-agent's adapter in parameter groups of its own (its
         `learning_rate`). Built before any step, so there is no optimizer state to move."""
         optimizer = super().create_optimizer(model)
-        if self.cotraining is not None and not any("role" in group for group in optimizer.param_groups):
-            from agentic_grpo.subagents.cotrain import role_param_groups
-
-            names = {id(p): n for n, p in (model or self.model).named_parameters()}
-            groups = role_param_groups(optimizer.param_groups, names, self.cotraining.roles)
-            optimizer.param_groups.clear()
-            for group in groups:
-                optimizer.add_param_group(group)
+        if self.cotraining is not None:
+            self.cotraining.split_param_groups(optimizer, model or self.model)
         return optimizer
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:

@@ -12,14 +12,12 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
   it twice gives two samples). Advantage = (reward - group mean) / (group std + 1e-4), with TRL's
   `scale_rewards` (`group`, `batch`: std over all the role's samples, `none`: no division). A group of one
   sample has advantage 0. Groups are formed over every process (the rewards are gathered), as TRL does.
-- Loss: in each micro-batch, the children of that micro-batch's rows, with the role's adapter active:
-  TRL's clipped surrogate (same epsilons, `delta`), old log-probs detached (or computed at generation when
-  TRL computes them for the policy), KL against the base model (adapters disabled) with the run's `beta`,
-  aggregated as the run's `loss_type` (grpo, bnpo or dapo) and scaled for gradient accumulation as TRL does.
-  In one process without DeepSpeed, each child's share is back-propagated on its own, before the policy's
-  forward, so one child's graph at a time is alive (the same gradients as the summed loss, less memory).
-  A forward under one adapter builds the graph of that adapter's parameters alone, so each role's loss
-  moves its own adapter and nothing else.
+- Loss: in each micro-batch, the children of that micro-batch's rows, with the role's adapter active: TRL's
+  clipped surrogate and KL against the base model, aggregated as the run's `loss_type` (`role_loss`, where the
+  formulas are). In one process without DeepSpeed, each child's share is back-propagated on its own, before
+  the policy's forward, so one child's graph at a time is alive (the same gradients as the summed loss, less
+  memory). A forward under one adapter builds the graph of that adapter's parameters alone, so each role's
+  loss moves its own adapter and nothing else.
 - Optimizer: one parameter group per role (its `learning_rate`, or the run's), see `role_param_groups`.
 - Metrics: `roles/<name>/reward`, `/samples` (at generation), `/loss`, `/kl` (per micro-batch, averaged by TRL).
 """
@@ -38,6 +36,7 @@ from accelerate.utils import DistributedType, gather_object
 
 from agentic_grpo.clipped import masked_loss_mask
 from agentic_grpo.subagents.adapters import adapter_active
+from agentic_grpo.subagents.role_loss import ChildSample, padded, role_loss
 from agentic_grpo.subagents.usage import descendants
 
 POLICY_ROLE = "policy"
@@ -54,22 +53,6 @@ class Role:
     learning_rate: float | None = None
     rewards: tuple[tuple[Any, float], ...] = ()
     """Its own (reward function, weight) pairs, added to the shared reward."""
-
-
-@dataclass
-class ChildSample:
-    """One child trajectory of a trained role, ready for the loss (travels with its root's row in TRL's batch)."""
-
-    role: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    loss_mask: list[int]
-    reward: float
-    advantage: float = 0.0
-    role_tokens: float = 0.0
-    """The role's trainable tokens in the whole generation batch, over every process (the `dapo` normalizer)."""
-    old_logps: list[float] | None = None
-    ref_logps: list[float] | None = None
 
 
 def trained_roles(agents: list[Any], loss_type: str) -> list[Role]:
@@ -196,29 +179,6 @@ def _std(values: list[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def padded(samples: list[ChildSample], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Prompt ids left-padded and completion ids right-padded (TRL's layout): ids, attention mask, completion width."""
-    prompt_width = max(len(s.prompt_ids) for s in samples)
-    width = max(len(s.completion_ids) for s in samples)
-    ids = torch.full((len(samples), prompt_width + width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for i, s in enumerate(samples):
-        start = prompt_width - len(s.prompt_ids)
-        row = s.prompt_ids + s.completion_ids
-        ids[i, start : start + len(row)] = torch.tensor(row)
-        attention[i, start : start + len(row)] = 1
-    return ids.to(device), attention.to(device), width
-
-
-def completion_tensor(samples: list[ChildSample], values: str, width: int, device: Any) -> torch.Tensor:
-    """A per-token field of the samples (`loss_mask`, `old_logps`, `ref_logps`), right-padded to `width`."""
-    out = torch.zeros((len(samples), width), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        row = getattr(s, values)
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out.to(device)
-
-
 class CoTraining:
     """The co-trained roles of one trainer: samples and advantages at generation, their losses per micro-batch.
 
@@ -230,6 +190,32 @@ class CoTraining:
     def __init__(self, trainer: Any, roles: list[Role]) -> None:
         self.trainer = trainer
         self.roles = roles
+
+    @classmethod
+    def for_trainer(cls, trainer: Any, agents: list[Any]) -> CoTraining | None:
+        """Attach the adapters of the sub-agents (`agents`: a whole tree) that run on the policy's base model, and
+        the co-training of those with `train: true` (None when none is trained). Call before training wraps the
+        model. Raises ValueError on a set-up that cannot be trained."""
+        from agentic_grpo.subagents.adapters import BASE, is_peft_model
+        from agentic_grpo.subagents.sources import attach_adapters
+
+        attach_adapters(trainer.model, agents)
+        based = [a.name for a in agents if a.adapter == BASE]
+        if based and not is_peft_model(trainer.model):  # trained in full, the policy is no longer its own base
+            raise ValueError(f"sub-agent(s) {based} run on the policy's base model (`adapter: __base__`), which "
+                             "needs a LoRA policy: set `use_peft: true`, or give them a `model` of their own")  # fmt: skip
+        roles = trained_roles(agents, trainer.args.loss_type)
+        return cls(trainer, roles) if roles else None
+
+    def split_param_groups(self, optimizer: Any, model: Any) -> None:
+        """Replace `optimizer`'s parameter groups by `role_param_groups` (once; before any step)."""
+        if any("role" in group for group in optimizer.param_groups):
+            return
+        names = {id(p): n for n, p in model.named_parameters()}
+        groups = role_param_groups(optimizer.param_groups, names, self.roles)
+        optimizer.param_groups.clear()
+        for group in groups:
+            optimizer.add_param_group(group)
 
     def peft_model(self, model: Any = None) -> Any:
         return self.trainer.accelerator.unwrap_model(model if model is not None else self.trainer.model)
@@ -326,7 +312,7 @@ class CoTraining:
                 continue
             parts = []
             for chunk in [[s] for s in mine] if backward else [mine]:
-                loss, kl, tokens = self._role_loss(model, role, mine, chunk)
+                loss, kl, tokens = role_loss(self.trainer, model, role.adapter, mine, chunk)
                 if backward:
                     backward(loss)
                     loss = loss.detach()
@@ -338,42 +324,3 @@ class CoTraining:
             if self.trainer.beta != 0.0:
                 metrics[f"roles/{role.name}/kl"].append(sum(p[1] for p in parts) / max(sum(p[2] for p in parts), 1.0))
         return found
-
-    def _role_loss(
-        self, model: Any, role: Role, together: list[ChildSample], samples: list[ChildSample]
-    ) -> tuple[torch.Tensor, float, float]:
-        """The share of `samples` (some of `together`, the role's samples in the micro-batch) in the role's loss,
-        normalised over `together`; with the KL summed over their trained tokens and the count of those tokens."""
-        trainer, args = self.trainer, self.trainer.args
-        mode = "train" if trainer.model.training else "eval"
-        device = trainer.accelerator.device
-        ids, attention, width = padded(samples, trainer.processing_class.pad_token_id, device)
-        with adapter_active(self.peft_model(model), role.adapter):
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attention, width)
-        mask = completion_tensor(samples, "loss_mask", width, device)
-        advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device).unsqueeze(1)
-        stored = samples[0].old_logps is not None
-        old = completion_tensor(samples, "old_logps", width, device) if stored else logps.detach()
-        ratio = torch.exp(logps - old)
-        clipped = torch.clamp(ratio, 1 - trainer.epsilon_low, 1 + trainer.epsilon_high)
-        if args.delta is not None:
-            ratio = torch.clamp(ratio, max=args.delta)
-        per_token = -torch.min(ratio * advantages, clipped * advantages)
-        kl_sum = 0.0
-        if trainer.beta != 0.0:
-            ref = completion_tensor(samples, "ref_logps", width, device)
-            kl = torch.exp(ref - logps) - (ref - logps) - 1
-            per_token = per_token + trainer.beta * kl
-            kl_sum = (kl * mask).sum().item()
-        accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
-        if trainer.loss_type == "grpo":
-            loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / len(together) / accumulation
-        elif trainer.loss_type == "bnpo":
-            tokens = max(float(sum(sum(s.loss_mask) for s in together)), 1.0)
-            loss = (per_token * mask).sum() / tokens / accumulation
-        else:  # dapo: the role's tokens of the whole generation batch, per process and accumulation window
-            normalizer = max(samples[0].role_tokens, 1.0) / trainer.accelerator.num_processes
-            if mode == "train":
-                normalizer = normalizer * accumulation / args.steps_per_generation
-            loss = (per_token * mask).sum() / normalizer
-        return loss, kl_sum, mask.sum().item()
