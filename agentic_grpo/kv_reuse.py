@@ -53,17 +53,28 @@ class ContextCache:
     def clear(self) -> None:
         self.entries = []
 
-    def match(self, ids: list[int]) -> tuple[_Entry | None, int]:
-        """The stored entry sharing the longest prefix with `ids`, and that length (at most len(ids) - 1:
-        `generate` needs at least one token to read)."""
-        best, best_length = None, 0
-        limit = len(ids) - 1
-        for entry in self.entries:
-            n = min(limit, len(entry.ids))
-            length = next((i for i in range(n) if entry.ids[i] != ids[i]), n)
-            if length > best_length:
-                best, best_length = entry, length
-        return best, best_length
+    def match(self, batch: list[list[int]]) -> list[tuple[_Entry | None, int]]:
+        """For each row of `batch`, the stored entry sharing the longest prefix with it (the first such entry on a
+        tie), and that length (at most len(row) - 1: `generate` needs at least one token to read; None, 0 when
+        no entry shares a token)."""
+        if not self.entries:
+            return [(None, 0)] * len(batch)
+        # Every entry against a row at once: a scan in Python costs entries x shared prefix per row, and all of a
+        # batch's entries share the system prompt, so a large batch would spend seconds here per turn.
+        width = max(len(entry.ids) for entry in self.entries)
+        table = torch.full((len(self.entries), width), -1, dtype=torch.long)  # -1: no token id, never matches
+        for i, entry in enumerate(self.entries):
+            table[i, : len(entry.ids)] = torch.tensor(entry.ids, dtype=torch.long)
+        found = []
+        for ids in batch:
+            n = min(len(ids) - 1, width)
+            if n <= 0:
+                found.append((None, 0))
+                continue
+            same = (table[:, :n] == torch.tensor(ids[:n], dtype=torch.long)).cumprod(dim=1).sum(dim=1)
+            best = int(same.argmax())
+            found.append((self.entries[best], int(same[best])) if same[best] > 0 else (None, 0))
+        return found
 
 
 def why_not_reusable(model: Any, generation_config: Any) -> str | None:
@@ -182,11 +193,11 @@ def generate_reusing(
     With `shrink`, rows leave the batch as they stop (`agentic_grpo.shrinking_batch`: same processors, stopping
     and random numbers), except where the processes must decode in lockstep (ZeRO-3 or FSDP over several)."""
     pad_id = tokenizer.pad_token_id
-    matches = [store.match(ids) for ids in batch]
+    matches = store.match(batch)
     unseen = sorted({tuple(ids[:-1]) for ids, (_, n) in zip(batch, matches, strict=True) if n == 0 and len(ids) > 1})
     if unseen:  # each distinct context once: the G copies of a prompt are read together
         store.entries.extend(_read_contexts(model, [list(c) for c in unseen], pad_id))
-        matches = [store.match(ids) for ids in batch]
+        matches = store.match(batch)
     input_ids, mask, cache, _ = _held_batch(model, batch, matches, pad_id)  # `generate` extends the cache in place
     width = input_ids.shape[1]
     stopped: dict[int, _Entry] = {}

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, MistralConfig, 
 
 from agentic_grpo.backends import TransformersBackend
 from agentic_grpo.formats import load_format
-from agentic_grpo.kv_reuse import why_not_reusable
+from agentic_grpo.kv_reuse import ContextCache, _Entry, why_not_reusable
 from agentic_grpo.rollout import RolloutLimits, RolloutManager
 from agentic_grpo.tools.calculator import Calculator
 
@@ -146,3 +146,15 @@ def test_a_shrinking_batch_without_padding_samples_what_generate_samples(tiny_mo
         results[shrink] = [g.token_ids for g in backend_for(model, tokenizer, True, shrink).generate(batch, [], 12)]
     assert results[True] == results[False]
     assert len({tuple(ids) for ids in results[True]}) > 1, "sampled: the copies differ"
+
+
+def test_each_row_is_matched_to_the_entry_sharing_its_longest_prefix():
+    def entry(ids: list[int]) -> _Entry:
+        return _Entry(ids, [], [])
+
+    store = ContextCache([entry([1, 2, 3, 4]), entry([1, 2, 9]), entry([1, 2, 3, 4, 5, 6]), entry([1, 2, 3, 4])])
+    rows = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5], [1, 2, 9, 9], [1, 2, 3, 4], [7, 1, 2], [1]]
+    found = [(store.entries.index(e) if e is not None else None, n) for e, n in store.match(rows)]
+    # the longest shared prefix wins, the first entry on a tie; at most len(row) - 1 tokens (one left to read)
+    assert found == [(2, 6), (0, 4), (1, 3), (0, 3), (None, 0), (None, 0)]
+    assert ContextCache().match(rows[:2]) == [(None, 0), (None, 0)]
