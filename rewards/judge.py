@@ -19,30 +19,28 @@ Every key except name/type/weight is a keyword argument of `LLMJudge`.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import re
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from agentic_grpo.resources import find_shipped
 from agentic_grpo.rewards.judge_backends import JudgeBackend, JudgeReply, LocalBackend, OpenAIBackend
 from agentic_grpo.rewards.judge_parsing import parse_group_scores, parse_score, score_schema
+from agentic_grpo.rewards.judge_prompt import (
+    DEFAULT_RUBRICS,
+    NO_REFERENCE,
+    completion_text,
+    consecutive_groups,
+    fill_rubric,
+    load_rubric,
+    question_text,
+    render_trajectory,
+)
 from agentic_grpo.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RUBRICS = {"trajectory": "tool_use", "group": "tool_use_group"}  # shipped in agentic_grpo.rubrics
-# Only these names are substituted, so a rubric may show JSON examples with braces freely.
-PLACEHOLDERS = {
-    "trajectory": {"question", "reference", "trajectory"},
-    "group": {"question", "reference", "trajectories", "n"},
-}
-REQUIRED_PLACEHOLDER = {"trajectory": "trajectory", "group": "trajectories"}
-NO_REFERENCE = "(none given: judge the final answer on its own merits)"
 METRICS = ("calls", "failures", "retries", "parse_failures", "cache_hits", "structured_calls")
 LOW_SCORED_WARN_EVERY = 25  # after the first warning, every N-th step below `min_scored_fraction` warns again
 
@@ -117,7 +115,7 @@ class LLMJudge:
         if mode not in DEFAULT_RUBRICS:
             raise ValueError(f"LLMJudge field `mode` is {mode!r}; use one of: {', '.join(DEFAULT_RUBRICS)}")
         self.mode = mode
-        self.rubric_path, self.rubric = _load_rubric(rubric, mode)
+        self.rubric_path, self.rubric = load_rubric(rubric, mode)
         backend = backend or ("openai" if endpoint else None)
         if backend not in ("openai", "local"):
             raise ValueError(
@@ -217,15 +215,21 @@ class LLMJudge:
 
         if self.mode == "trajectory":
             requests = [
-                (self._fill(question=questions[i], reference=reference_texts[i], trajectory=bodies[i]), [i])
+                (
+                    fill_rubric(
+                        self.rubric, question=questions[i], reference=reference_texts[i], trajectory=bodies[i]
+                    ),
+                    [i],
+                )
                 for i in range(n)
             ]
         else:
             requests = []
-            for members in _consecutive_groups(questions, prompts):
+            for members in consecutive_groups(questions, prompts):
                 attempts = "\n\n".join(f"### Attempt {k}\n{bodies[i]}" for k, i in enumerate(members, start=1))
                 first = members[0]
-                text = self._fill(
+                text = fill_rubric(
+                    self.rubric,
                     question=questions[first],
                     reference=reference_texts[first],
                     trajectories=attempts,
@@ -333,25 +337,15 @@ class LLMJudge:
 
     # -- rendering ---------------------------------------------------------------------------------------------
 
-    def _fill(self, **values: str) -> str:
-        return re.sub(r"\{(\w+)\}", lambda m: values.get(m[1], m[0]), self.rubric)
-
     def _question(self, i: int, prompts: list[Any], trajectory: list[Trajectory] | None, columns: dict) -> str:
         if self.question_column in columns and columns[self.question_column] is not None:
             return str(columns[self.question_column][i])
-        prompt = trajectory[i].prompt if trajectory is not None else prompts[i]
-        if isinstance(prompt, list):  # conversational: the last user message is the question
-            users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-            return str(users[-1]) if users else json.dumps(prompt, default=str)
-        return str(prompt)
+        return question_text(trajectory[i].prompt if trajectory is not None else prompts[i])
 
     def _render_completion(self, i: int, completions: list[Any], trajectory: list[Trajectory] | None) -> str:
         if trajectory is not None and trajectory[i] is not None:
             return render_trajectory(trajectory[i], self.max_tool_output_chars)
-        completion = completions[i]
-        if isinstance(completion, list):
-            completion = "\n".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
-        return f"[agent]\n{str(completion).strip()}"
+        return completion_text(completions[i])
 
     # -- cache and warnings ------------------------------------------------------------------------------------
 
@@ -382,73 +376,3 @@ class LLMJudge:
                 "are only counted in judge/failures",
                 error,
             )
-
-
-def render_trajectory(trajectory: Trajectory, max_tool_output_chars: int = 2000) -> str:
-    """The trajectory as the judge reads it: agent turns, real tool outputs (with their call), final answer."""
-    parts: list[str] = []
-    calls = list(trajectory.tool_calls)
-    tool_index = 0
-    for segment in trajectory.completion_segments:
-        if segment.role == "model":
-            parts.append(f"[agent]\n{segment.text.strip()}")
-            continue
-        output = _clip(segment.text.strip(), max_tool_output_chars)
-        if tool_index < len(calls):
-            parts.append(f"[tool output: {_describe_call(*calls[tool_index])}]\n{output}")
-        else:
-            parts.append(f"[tool output]\n{output}")
-        tool_index += 1
-    for call, result in calls[tool_index:]:  # calls whose output is not in a segment of its own
-        parts.append(
-            f"[tool output: {_describe_call(call, result)}]\n{_clip(result.output.strip(), max_tool_output_chars)}"
-        )
-    if trajectory.final_answer is not None:
-        parts.append(f"[final answer]\n{trajectory.final_answer.strip()}")
-    else:
-        parts.append(f"[final answer]\n(none: the agent stopped without one; reason: {trajectory.finish_reason})")
-    return "\n\n".join(parts)
-
-
-def _describe_call(call: Any, result: Any) -> str:
-    arguments = json.dumps(call.arguments, ensure_ascii=False, default=str)
-    notes = [f"error: {result.error}" if result.error else "", "timed out" if result.timed_out else ""]
-    notes.append("cut to fit the agent's budget" if result.truncated else "")
-    status = "; ".join(n for n in notes if n)
-    return f"{call.name}({arguments})" + (f"; {status}" if status else "")
-
-
-def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    head, tail = text[: limit // 2], text[-(limit // 2) :]
-    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters not shown ...]\n{tail}"
-
-
-def _consecutive_groups(questions: list[str], prompts: list[Any]) -> list[list[int]]:
-    """Indices of consecutive completions of the same query (TRL repeats each prompt G times in a row)."""
-    keys = [json.dumps([q, p], sort_keys=True, default=str) for q, p in zip(questions, prompts, strict=True)]
-    groups: list[list[int]] = []
-    for i, key in enumerate(keys):
-        if groups and keys[groups[-1][0]] == key:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-def _load_rubric(rubric: str | os.PathLike | None, mode: str) -> tuple[Path, str]:
-    try:
-        path = find_shipped(rubric if rubric is not None else DEFAULT_RUBRICS[mode], "rubrics", ".md")
-    except ValueError as exc:
-        raise ValueError(f"LLMJudge field `rubric`: {exc}") from None
-    text = path.read_text(encoding="utf-8")
-    required = REQUIRED_PLACEHOLDER[mode]
-    if "{" + required + "}" not in text:
-        known = ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS[mode]))
-        hint = f" (the shipped group rubric is `{DEFAULT_RUBRICS['group']}`)" if mode == "group" else ""
-        raise ValueError(
-            f"LLMJudge field `rubric`: {path} has no {{{required}}} placeholder, needed in mode `{mode}`{hint}; "
-            f"placeholders it may use: {known}"
-        )
-    return path, text

@@ -14,7 +14,8 @@ import logging
 import pytest
 from trl.trainer.utils import is_async_callable
 
-from agentic_grpo.rewards.judge import LLMJudge, render_trajectory
+from agentic_grpo.rewards.judge import LLMJudge
+from agentic_grpo.rewards.judge_prompt import render_trajectory
 from tests.judge_fixtures import FaultProxy, free_port, make_trajectory, proxy, reward_inputs
 
 
