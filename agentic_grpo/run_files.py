@@ -19,6 +19,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from agentic_grpo.trajectory import Trajectory
+
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -59,6 +61,28 @@ class RunFilesCallback(TrainerCallback):
             for record in records:
                 f.write(json.dumps(record, default=str) + "\n")
         return path
+
+
+def trajectory_records(
+    inputs: list[dict[str, Any]], advantages: Any | None, error: str | None = None
+) -> list[dict[str, Any]] | None:
+    """One record per row of a step for `trajectories/step_N.jsonl`: the trajectory, the row's plain columns,
+    its reward and advantage (or the `error` that stopped scoring). None when a rollout itself failed."""
+    records = []
+    for i, row in enumerate(inputs):
+        trajectory = row.get("trajectory")
+        if not isinstance(trajectory, Trajectory):  # the rollout itself failed: nothing to write
+            return None
+        record = trajectory.to_dict()
+        record["row"] = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        if trajectory.reward is not None:
+            record["reward"] = trajectory.reward
+        if advantages is not None and i < len(advantages):
+            record["advantage"] = float(advantages[i])
+        if error is not None:
+            record["error"] = error
+        records.append(record)
+    return records
 
 
 def write_run_status(output_dir: str | Path, status: str, **extra: Any) -> None:

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import shutil
 import time
 import weakref
 from collections.abc import Callable
@@ -22,11 +21,11 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 
 from agentic_grpo.advantages import assign_turn_credit
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
+from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.clipped import log_clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.environment import ToolEnvironment
@@ -35,7 +34,7 @@ from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.reward_setup import guard_rewards
 from agentic_grpo.rollout import RolloutStats
-from agentic_grpo.run_files import RunFilesCallback
+from agentic_grpo.run_files import RunFilesCallback, trajectory_records
 from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
 from agentic_grpo.selection import log_selection_metrics
 from agentic_grpo.trajectory import Trajectory
@@ -44,9 +43,6 @@ from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
 # We use `rollout_func` on purpose; TRL's "experimental" banner would only alarm users.
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-# Checkpoints are written here first and renamed to `checkpoint-N` once complete (no `checkpoint-` prefix,
-# so the Trainer's `get_last_checkpoint` and checkpoint rotation never see a half-written one).
-STAGING_DIR = "partial-checkpoints"
 
 
 def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -> None:
@@ -101,7 +97,7 @@ def nan_if_none(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-class AgenticGRPOTrainer(GRPOTrainer):
+class AgenticGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
     """GRPO on multi-turn tool-use trajectories.
 
     Args:
@@ -168,7 +164,6 @@ class AgenticGRPOTrainer(GRPOTrainer):
         schedule = schedule_for(args)
         if schedule is not None:
             self.add_callback(AdaptiveKLCallback(self, schedule))
-        self._staging_checkpoint = False
 
     # --- one generation: rows in, trajectories out -------------------------------------
 
@@ -380,73 +375,13 @@ class AgenticGRPOTrainer(GRPOTrainer):
         step = self.state.global_step + 1  # the optimizer step these trajectories train
         if error is None and (not every or step % every):
             return None
-        records = []
-        for i, row in enumerate(inputs):
-            trajectory = row.get("trajectory")
-            if not isinstance(trajectory, Trajectory):  # the rollout itself failed: nothing to write
-                return None
-            record = trajectory.to_dict()
-            record["row"] = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
-            if trajectory.reward is not None:
-                record["reward"] = trajectory.reward
-            if advantages is not None and i < len(advantages):
-                record["advantage"] = float(advantages[i])
-            if error is not None:
-                record["error"] = error
-            records.append(record)
+        records = trajectory_records(inputs, advantages, error)
+        if records is None:
+            return None
         path = RunFilesCallback.write_trajectories(self.args.output_dir, step, records, self.accelerator)
         if error is None and wandb_reporting(self.args):
             log_trajectory_table(step, records, self.accelerator)
         return path
-
-    # --- checkpoints: written atomically ------------------------------------------------
-
-    def _get_output_dir(self, trial: Any) -> str:
-        run_dir = super()._get_output_dir(trial)
-        return os.path.join(run_dir, STAGING_DIR) if self._staging_checkpoint else run_dir
-
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """The Trainer's checkpoint (model or adapter, optimizer, scheduler, RNG per process, state),
-        written to a staging directory and renamed to `checkpoint-N` only when every process is done.
-
-        The Trainer writes straight into `checkpoint-N`: a crash mid-save would leave a newest
-        checkpoint that cannot be resumed, and checkpoint rotation may already have deleted the
-        previous good one. Here a failed save leaves the previous checkpoints as they were.
-        """
-        if trial is not None or self.hp_search_backend is not None:
-            return super()._save_checkpoint(model, trial)
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        staging = os.path.join(self.args.output_dir, STAGING_DIR, name)
-        final = os.path.join(self.args.output_dir, name)
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)  # leftovers of an earlier crashed save
-        self.accelerator.wait_for_everyone()
-        self._staging_checkpoint = True
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self._staging_checkpoint = False
-        self.accelerator.wait_for_everyone()  # every process has written its RNG state / shards
-        if self.args.should_save:
-            if os.path.exists(final):  # re-saving a step (a rerun in the same output_dir)
-                old = staging + ".old"
-                os.replace(final, old)
-                os.replace(staging, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(staging, final)
-            with contextlib.suppress(OSError):  # the staging directory goes once empty
-                os.rmdir(os.path.dirname(staging))
-            best = self.state.best_model_checkpoint  # the Trainer looked for the best one under the staging dir
-            if best and os.path.dirname(best) == os.path.dirname(staging):
-                self.state.best_model_checkpoint = os.path.join(self.args.output_dir, os.path.basename(best))
-            rotate_checkpoints(
-                output_dir=self.args.output_dir,
-                save_total_limit=self.args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint,
-                use_mtime=True,
-            )
-        self.accelerator.wait_for_everyone()
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         try:
