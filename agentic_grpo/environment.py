@@ -14,6 +14,7 @@ run in the trainer's process in a worker thread under the wall timeout.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import inspect
 import threading
@@ -108,7 +109,10 @@ class ToolEnvironment:
         tools = self.tools()
         if call.name not in tools:
             known = ", ".join(sorted(tools)) or "none"
-            return _failed(f"Error: unknown tool `{call.name}`. Available tools: {known}.", start)
+            guess = closest_tool_name(call.name, list(tools))
+            hint = f" Did you mean `{guess}`?" if guess else ""
+            # The hint comes first: a long tool list is what a token budget cuts (in the middle).
+            return _failed(f"Error: unknown tool `{call.name}`.{hint} Available tools: {known}.", start)
         problem = _check_arguments(_schemas_of(type(self))[call.name], call.arguments)
         if problem:
             return _failed(f"Error: bad arguments for `{call.name}`: {problem}", start)
@@ -172,6 +176,22 @@ def _schemas_of(cls: type[ToolEnvironment]) -> dict[str, dict[str, Any]]:
         schema["function"]["parameters"]["properties"].pop("self", None)
         schemas[name] = schema
     return schemas
+
+
+def closest_tool_name(name: str, tools: list[str]) -> str | None:
+    """The tool a misspelt or made-up name most likely meant (`conversion` -> `convert_units`), or None.
+
+    A tool whose name contains the word, or is contained in it, wins (`date` -> `date_calculator`); then the
+    most similar name by `difflib`, if similar enough.
+    """
+    word = name.strip().lower()
+    if not word:
+        return None
+    contains = [t for t in tools if word in t.lower() or t.lower() in word]
+    if len(contains) == 1:
+        return contains[0]
+    close = difflib.get_close_matches(word, contains or tools, n=1, cutoff=0.5)
+    return close[0] if close else None
 
 
 def _failed(message: str, start: float) -> ToolResult:

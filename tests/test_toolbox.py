@@ -57,11 +57,26 @@ def test_each_tool_answers(tool, arguments, output):
         ("lookup", {"question": "iron"}, "bad arguments for `lookup`: missing query"),
         ("string_tool", {"operation": "reverse", "text": 12}, "`text` should be string, got int"),
         ("no_such_tool", {}, "unknown tool `no_such_tool`"),
+        ("conversion", {}, "unknown tool `conversion`. Did you mean `convert_units`? Available tools: calculator,"),
+        ("date", {}, "Did you mean `date_calculator`?"),
     ],
 )
 def test_bad_input_is_an_observation_not_a_crash(tool, arguments, message):
     result = run(tool, **arguments)
     assert not result.ok and message in result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [("Calculator", "calculator"), ("unit_converter", "convert_units"), ("string", "string_tool"),
+     ("date_calc", "date_calculator"), ("mole", None), ("teleport", None), ("", None)],
+)  # fmt: skip
+def test_an_unknown_tool_name_suggests_the_tool_it_most_likely_meant(name, meant):
+    from agentic_grpo.environment import closest_tool_name
+
+    assert closest_tool_name(name, sorted(Toolbox.tools())) == meant
+    if meant is None:
+        assert "Did you mean" not in run(name).output
 
 
 def test_python_runs_in_the_sandbox_slot_of_the_trajectory():
