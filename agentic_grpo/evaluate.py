@@ -15,6 +15,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from agentic_grpo.run_files import plain_columns
 from agentic_grpo.run_parts import RolloutParts
 from agentic_grpo.selection import selection_counts, selection_metrics, tool_names_of
 from agentic_grpo.trajectory import Trajectory
@@ -129,7 +130,7 @@ def evaluate(
     try:
         scores = score_trajectories(rewards, trajectories, repeated)
     except Exception as exc:
-        records = [{**t.to_dict(), "row": _plain(row)} for t, row in zip(trajectories, repeated, strict=True)]
+        records = [{**t.to_dict(), "row": plain_columns(row)} for t, row in zip(trajectories, repeated, strict=True)]
         raise EvaluationError(f"a reward raised {type(exc).__name__}: {exc}", records) from exc
     correct = [s is not None and s >= 1.0 for s in next(iter(scores.values()))]
     per_question = [any(correct[i * k : (i + 1) * k]) for i in range(len(rows))]
@@ -162,13 +163,10 @@ def evaluate(
     records = []
     for i, (trajectory, row) in enumerate(zip(trajectories, repeated, strict=True)):
         per_reward = {name: values[i] for name, values in scores.items()}
-        records.append({**trajectory.to_dict(), "row": _plain(row), "rewards": per_reward, "correct": correct[i]})
+        records.append(
+            {**trajectory.to_dict(), "row": plain_columns(row), "rewards": per_reward, "correct": correct[i]}
+        )
     return metrics, records
-
-
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    """The row's JSON-ready columns (what a record keeps of it)."""
-    return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
 
 
 def score_trajectories(

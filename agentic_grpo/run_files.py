@@ -63,6 +63,11 @@ class RunFilesCallback(TrainerCallback):
         return path
 
 
+def plain_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's JSON-ready columns: what a trajectory record keeps of its dataset row."""
+    return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
+
+
 def trajectory_records(
     inputs: list[dict[str, Any]], advantages: Any | None, error: str | None = None
 ) -> list[dict[str, Any]] | None:
@@ -74,7 +79,7 @@ def trajectory_records(
         if not isinstance(trajectory, Trajectory):  # the rollout itself failed: nothing to write
             return None
         record = trajectory.to_dict()
-        record["row"] = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        record["row"] = plain_columns(row)
         if trajectory.reward is not None:
             record["reward"] = trajectory.reward
         if advantages is not None and i < len(advantages):
