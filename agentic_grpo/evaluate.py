@@ -15,10 +15,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from agentic_grpo.run_files import plain_columns
 from agentic_grpo.run_parts import RolloutParts
 from agentic_grpo.selection import selection_counts, selection_metrics, tool_names_of
-from agentic_grpo.trajectory import Trajectory
+from agentic_grpo.trajectory import Trajectory, plain_columns
 
 
 class EvaluationError(RuntimeError):

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from agentic_grpo.trajectory import Trajectory
+from agentic_grpo.trajectory import Trajectory, plain_columns
 
 
 def _jsonable(value: Any) -> Any:
@@ -61,11 +61,6 @@ class RunFilesCallback(TrainerCallback):
             for record in records:
                 f.write(json.dumps(record, default=str) + "\n")
         return path
-
-
-def plain_columns(row: dict[str, Any]) -> dict[str, Any]:
-    """The row's JSON-ready columns: what a trajectory record keeps of its dataset row."""
-    return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
 
 
 def trajectory_records(

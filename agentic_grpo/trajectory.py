@@ -192,3 +192,8 @@ class Trajectory:
             **({"delegation": asdict(self.delegation)} if self.delegation is not None else {}),
             **({"children": [child.to_dict() for child in self.children]} if self.children else {}),
         }
+
+
+def plain_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's JSON-ready columns: what a trajectory record keeps of its dataset row."""
+    return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
