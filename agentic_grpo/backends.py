@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
+from transformers import LogitsProcessorList
 
+from agentic_grpo.action_choices import ActionChoiceMask, ActionChoiceProcessor
+from agentic_grpo.formats import ActionChoices
 from agentic_grpo.kv_reuse import ContextCache, generate_reusing, why_not_reusable
 
 logger = logging.getLogger(__name__)
@@ -40,8 +43,13 @@ class Generation:
 
 
 class GenerationBackend(Protocol):
-    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Generation]:
-        """Continue each token-id list; return new tokens up to and including EOS or the stop string."""
+    def generate(
+        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: ActionChoices | None = None
+    ) -> list[Generation]:
+        """Continue each token-id list; return new tokens up to and including EOS or the stop string.
+
+        `choices`, when a format constrains its action slot, holds decoding to them there; the rollout manager
+        passes it only then, so a backend that cannot constrain may leave the parameter out."""
 
 
 class TransformersBackend:
@@ -72,6 +80,7 @@ class TransformersBackend:
         self._contexts = ContextCache()
         self._in_session = False
         self._fallback_logged = False
+        self._choice_masks: dict[ActionChoices, ActionChoiceMask] = {}
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -90,7 +99,9 @@ class TransformersBackend:
         with torch.no_grad():
             yield self.model
 
-    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Generation]:
+    def generate(
+        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: ActionChoices | None = None
+    ) -> list[Generation]:
         pad_id = self.tokenizer.pad_token_id
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -101,6 +112,11 @@ class TransformersBackend:
         config = copy.deepcopy(self.generation_config)
         config.max_new_tokens = max_new_tokens
         config.stop_strings = stop or None
+        extra: dict[str, Any] = {}
+        if choices is not None:
+            if choices not in self._choice_masks:
+                self._choice_masks[choices] = ActionChoiceMask(self.tokenizer, choices)
+            extra["logits_processor"] = LogitsProcessorList([ActionChoiceProcessor(self._choice_masks[choices])])
         with self._generating_model() as model:
             reason = why_not_reusable(model, config) if self.reuse_cache else None
             if self.reuse_cache and reason is None:
@@ -108,7 +124,7 @@ class TransformersBackend:
                     self._contexts.clear()
                 try:
                     new_tokens = generate_reusing(
-                        model, batch, self._contexts, config, self.tokenizer, self.shrink_batch
+                        model, batch, self._contexts, config, self.tokenizer, self.shrink_batch, **extra
                     )
                 finally:
                     if not self._in_session:
@@ -122,6 +138,7 @@ class TransformersBackend:
                     attention_mask=attention_mask.to(model.device),
                     generation_config=config,
                     tokenizer=self.tokenizer,
+                    **extra,
                 )
                 new_tokens = output[:, width:].cpu().tolist()
         return [cut_generation(ids, self.eos_token_ids, stop, self.tokenizer) for ids in new_tokens]

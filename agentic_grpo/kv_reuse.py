@@ -186,12 +186,14 @@ def generate_reusing(
     generation_config: Any,
     tokenizer: Any,
     shrink: bool = True,
+    **generate_kwargs: Any,
 ) -> list[list[int]]:
     """HF `generate` on `batch`, reading only what `store` does not hold; returns each row's new tokens
     (padded after its end, as `generate` returns them) and leaves in `store` what this call read and wrote.
 
     With `shrink`, rows leave the batch as they stop (`agentic_grpo.shrinking_batch`: same processors, stopping
-    and random numbers), except where the processes must decode in lockstep (ZeRO-3 or FSDP over several)."""
+    and random numbers), except where the processes must decode in lockstep (ZeRO-3 or FSDP over several).
+    `generate_kwargs` go to `generate` as they are (a `logits_processor`, for one)."""
     pad_id = tokenizer.pad_token_id
     matches = store.match(batch)
     unseen = sorted({tuple(ids[:-1]) for ids, (_, n) in zip(batch, matches, strict=True) if n == 0 and len(ids) > 1})
@@ -219,6 +221,7 @@ def generate_reusing(
         tokenizer=tokenizer,
         use_cache=True,
         **(custom if shrinking else {}),
+        **generate_kwargs,
     )
     sequences = output.sequences if hasattr(output, "sequences") else output
     new_tokens = sequences[:, width:].cpu().tolist()

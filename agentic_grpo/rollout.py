@@ -163,8 +163,12 @@ class RolloutManager:
         room = {i: self.limits.max_completion_tokens - len(trajectories[i].completion_ids) for i in live}
         max_new = min(self.limits.max_tokens_per_turn, max(room.values()))
         start = time.perf_counter()
+        choices = getattr(self.format, "action_choices", None)
         generations = backend.generate(
-            [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in live], self.format.stop, max_new
+            [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in live],
+            self.format.stop,
+            max_new,
+            **({"choices": choices} if choices else {}),  # only then: backends written before it still plug in
         )
         stats.generation_seconds += time.perf_counter() - start
 

@@ -86,6 +86,11 @@ def prepare(argv: list[str]) -> PreparedRun:
     config, model_config, parts, rewards = built.config, built.model_config, built.rollout_parts, built.rewards
     set_seed(config.seed)
     check_trainer_setup(config, rewards)
+    if config.use_vllm and getattr(parts.trajectory_format, "action_choices", None):
+        raise ValueError(
+            "format_kwargs `constrain_actions` holds decoding to the tools' names with a logits processor of the "
+            "transformers backends; vLLM does not apply it: set use_vllm: false, or drop constrain_actions"
+        )
     train, test = built.train, built.test
     if config.eval_strategy != "no" and test is None:
         raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")

@@ -54,7 +54,14 @@ class VLLMBackend:
         finally:
             self.vllm.max_completion_length, self.vllm.generation_kwargs = saved_budget, saved_kwargs
 
-    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Generation]:
+    def generate(
+        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: Any = None
+    ) -> list[Generation]:
+        if choices is not None:
+            raise ValueError(
+                "format_kwargs `constrain_actions` holds decoding to the tools' names with a logits processor of "
+                "the transformers backends; the vLLM backend does not apply it: set use_vllm: false, or drop it"
+            )
         with self._turn_settings(stop, max_new_tokens):
             _, completion_ids, logprobs, _ = self.vllm.generate(prompts=batch, images=None, num_generations=1)
         generations = []

@@ -59,7 +59,10 @@ class ProbeBackend:
     def __init__(self, tokenizer: Any, turns: list[str]) -> None:
         self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
 
-    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Generation]:
+    def generate(
+        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: Any = None
+    ) -> list[Generation]:
+        """The next scripted turn for every row (`choices` is moot: nothing is sampled)."""
         text = self.turns[self.calls] if self.calls < len(self.turns) else ""
         self.calls += 1
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]

@@ -29,6 +29,22 @@ class Malformed:
 Parsed = ToolCall | FinalAnswer | Malformed
 
 
+@dataclass(frozen=True)
+class ActionChoices:
+    """After the last `marker` in a turn, the text must go on as one of `continuations`; when sampling, the
+    choice among them is drawn at the sampling temperature times `temperature` (above 1: more exploration of
+    the choices the model rates low; greedy decoding is unaffected)."""
+
+    marker: str
+    continuations: tuple[str, ...]
+    temperature: float = 1.0
+
+    def remainders(self, written: str) -> list[str]:
+        """What is left to write of each continuation that `written` (the text after the marker) begins;
+        empty when the slot is closed (a continuation was written whole, or the text left every one)."""
+        return [c[len(written) :] for c in self.continuations if len(c) > len(written) and c.startswith(written)]
+
+
 class TrajectoryFormat(Protocol):
     """What the rollout manager needs from a format."""
 
@@ -37,6 +53,9 @@ class TrajectoryFormat(Protocol):
 
     response_prefix: str
     """Text the model's answer starts with; part of the prompt, never trained ("" for none)."""
+
+    action_choices: ActionChoices | None
+    """Where decoding is held to a few continuations (a tool's name after `Action:`), or None; optional."""
 
     def prompt_messages(self, question: str) -> list[dict[str, str]]:
         """The chat that opens a trajectory for `question` (system prompt, examples, question)."""

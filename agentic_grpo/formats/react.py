@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from agentic_grpo.formats import FinalAnswer, Malformed, Parsed
+from agentic_grpo.formats import ActionChoices, FinalAnswer, Malformed, Parsed
 from agentic_grpo.trajectory import ToolCall, ToolResult
 
 DEFAULT_INSTRUCTIONS = """You solve the user's problem step by step and can use tools.
@@ -47,6 +47,12 @@ class ReActFormat:
             `{question: ..., response: ...}`, rendered as user/assistant message pairs.
         response_prefix: text the model's answer starts with (part of the prompt, never
             trained), e.g. "Thought:" to start it in the format.
+        constrain_actions: after the model writes `Action:`, decoding may only go on with a tool's name
+            and the `Action Input:` line (`agentic_grpo.action_choices`): the model still chooses the
+            tool and writes its arguments, but cannot name a tool that does not exist or leave the
+            arguments out. Transformers backends only (vLLM refuses it).
+        action_temperature: with `constrain_actions`, the tool's name is sampled at the sampling temperature
+            times this (above 1: tools the model rates low are tried more often; greedy decoding is the same).
     """
 
     stop = ["Observation:"]
@@ -58,6 +64,8 @@ class ReActFormat:
         examples: list[str] | None = None,
         example_turns: list[dict[str, str]] | None = None,
         response_prefix: str = "",
+        constrain_actions: bool = False,
+        action_temperature: float = 1.0,
     ) -> None:
         self.tool_schemas = {s["function"]["name"]: s["function"] for s in tool_schemas}
         self.instructions = instructions or DEFAULT_INSTRUCTIONS
@@ -82,6 +90,13 @@ class ReActFormat:
         self.examples = list(examples or [])
         self.example_turns = list(example_turns or [])
         self.response_prefix = response_prefix
+        if action_temperature <= 0:
+            raise ValueError(f"format_kwargs `action_temperature` must be above 0, got {action_temperature}")
+        self.action_choices = (
+            ActionChoices("Action:", tuple(f" {n}\nAction Input:" for n in self.tool_schemas), action_temperature)
+            if constrain_actions
+            else None
+        )
 
     def prompt_messages(self, question: str) -> list[dict[str, str]]:
         """The chat that opens a trajectory: system prompt, example turns, then the question."""

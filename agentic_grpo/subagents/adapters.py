@@ -140,8 +140,8 @@ class _OnAdapter:
     record_logprobs: bool = False
     """Also return each new token's sampling log-prob (one forward pass more per call), for a trainer of sub-agents."""
 
-    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int) -> list[Any]:
-        generations = super().generate(batch, stop, max_new_tokens)  # type: ignore[misc]
+    def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int, **kwargs: Any) -> list[Any]:
+        generations = super().generate(batch, stop, max_new_tokens, **kwargs)  # type: ignore[misc]
         if self.record_logprobs and any(g.token_ids for g in generations):
             self._add_logprobs(batch, generations)
         return generations
