@@ -148,6 +148,8 @@ def test_a_recipe_block_makes_a_tool_the_policy_reads_about(tmp_path, tiny_model
         ({"endpoint": "http://127.0.0.1:1/v1", "adapter": "x"}, "give `endpoint` or a local `model`/`adapter`"),
         ({"endpoint": "http://127.0.0.1:1/v1", "model": "policy"}, "`endpoint` needs `endpoint_model`"),
         ({"adapter_path": "/tmp/a"}, "`adapter_path` needs `adapter`"),
+        ({"endpoint": "http://127.0.0.1:1/v1", "endpoint_model": "m", "format_kwargs": {"constrain_actions": True}},
+         "`constrain_actions` masks a local model's logits"),
         ({"environment": "agentic_grpo.tools.python:PythonInterpreter", "tool_timeout": 3},
          "leave the sub-agent's `tool_timeout` unset"),
     ],

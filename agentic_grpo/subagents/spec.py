@@ -143,6 +143,8 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
         raise PluginError(f"{where}: give `endpoint` or a local `model`/`adapter`, not both")
     if spec.endpoint and spec.subagents:
         raise PluginError(f"{where}: an endpoint sub-agent runs a chat loop that cannot call sub-agents of its own")
+    if spec.endpoint and (spec.format_kwargs or {}).get("constrain_actions"):
+        raise PluginError(f"{where}: `constrain_actions` masks a local model's logits; an endpoint's are out of reach")
     if spec.adapter and spec.model != "policy":
         raise PluginError(
             f"{where}: `adapter` is a LoRA adapter on the policy's base model: use it with `model: policy`"
