@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import LogitsProcessorList
 
-from agentic_grpo.action_choices import ActionChoiceMask, ActionChoiceProcessor
+from agentic_grpo.action_choices import ActionChoiceProcessor, choice_mask
 from agentic_grpo.formats import ActionChoices
 from agentic_grpo.kv_reuse import ContextCache, generate_reusing, why_not_reusable
 
@@ -80,7 +80,6 @@ class TransformersBackend:
         self._contexts = ContextCache()
         self._in_session = False
         self._fallback_logged = False
-        self._choice_masks: dict[ActionChoices, ActionChoiceMask] = {}
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -114,9 +113,9 @@ class TransformersBackend:
         config.stop_strings = stop or None
         extra: dict[str, Any] = {}
         if choices is not None:
-            if choices not in self._choice_masks:
-                self._choice_masks[choices] = ActionChoiceMask(self.tokenizer, choices)
-            extra["logits_processor"] = LogitsProcessorList([ActionChoiceProcessor(self._choice_masks[choices])])
+            extra["logits_processor"] = LogitsProcessorList(
+                [ActionChoiceProcessor(choice_mask(self.tokenizer, choices))]
+            )
         with self._generating_model() as model:
             reason = why_not_reusable(model, config) if self.reuse_cache else None
             if self.reuse_cache and reason is None:
