@@ -70,6 +70,7 @@ def prepare(argv: list[str]) -> PreparedRun:
     from agentic_grpo.models import resolve_model
     from agentic_grpo.run_parts import build_recipe
     from agentic_grpo.trainer import check_trainer_setup
+    from agentic_grpo.vllm_backend import NO_CONSTRAINED_ACTIONS
 
     use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group
     check_no_deepspeed_without_cuda(os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true")
@@ -87,10 +88,7 @@ def prepare(argv: list[str]) -> PreparedRun:
     set_seed(config.seed)
     check_trainer_setup(config, rewards)
     if config.use_vllm and getattr(parts.trajectory_format, "action_choices", None):
-        raise ValueError(
-            "format_kwargs `constrain_actions` holds decoding to the tools' names with a logits processor of the "
-            "transformers backends; vLLM does not apply it: set use_vllm: false, or drop constrain_actions"
-        )
+        raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code
     train, test = built.train, built.test
     if config.eval_strategy != "no" and test is None:
         raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")

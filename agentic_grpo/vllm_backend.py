@@ -29,6 +29,11 @@ from typing import Any
 
 from agentic_grpo.backends import Generation, cut_generation
 
+NO_CONSTRAINED_ACTIONS = (
+    "format_kwargs `constrain_actions` holds decoding to the tools' names with a logits processor of the "
+    "transformers backends; vLLM does not apply it: set use_vllm: false, or drop constrain_actions"
+)
+
 
 class VLLMBackend:
     """Generation through `trainer.vllm_generation` (TRL syncs its weights before each `rollout_func` call)."""
@@ -58,10 +63,7 @@ class VLLMBackend:
         self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: Any = None
     ) -> list[Generation]:
         if choices is not None:
-            raise ValueError(
-                "format_kwargs `constrain_actions` holds decoding to the tools' names with a logits processor of "
-                "the transformers backends; the vLLM backend does not apply it: set use_vllm: false, or drop it"
-            )
+            raise ValueError(NO_CONSTRAINED_ACTIONS)
         with self._turn_settings(stop, max_new_tokens):
             _, completion_ids, logprobs, _ = self.vllm.generate(prompts=batch, images=None, num_generations=1)
         generations = []
