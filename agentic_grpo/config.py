@@ -135,6 +135,15 @@ class AgenticGRPOConfig(GRPOConfig):
         default=_SANDBOX_DEFAULTS["max_processes"].default,
         metadata={"help": "Most processes and threads alive at once in one sandbox slot."},
     )
+    read_prompt_once: bool = field(
+        default=False,
+        metadata={
+            "help": "Score a microbatch with each distinct prompt read once (the rows of a GRPO group share their "
+            "prompt) instead of once per row: the same log-probs and gradients to rounding, much less compute when "
+            "prompts are long. Takes effect with several rows of a group in one microbatch "
+            "(`per_device_train_batch_size` >= `num_generations`); not with gradient checkpointing or image inputs."
+        },
+    )
     save_trajectories_steps: int = field(
         default=1,
         metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},

@@ -1,0 +1,99 @@
+"""Log-probabilities of a microbatch whose rows share prompts, each distinct prompt read once.
+
+A GRPO group is G trajectories of one prompt. TRL scores a microbatch by reading every row whole, so a
+prompt is read (forward and backward) once per row: on the toolbox recipe the prompt (eight tool
+descriptions and two worked examples) is ~600 of a trajectory's ~870 tokens, and reading it G times was
+most of a training step. Here the microbatch's distinct prompts are read once, with gradients, into a
+key/value cache; the cache is indexed out to the rows (the indexing's backward sums the rows' gradients
+into the one read) and each row's completion is read on top of it. That is the same function of the
+weights, so log-probs and gradients equal TRL's to rounding (`tests/test_shared_prompt.py`), for one
+prompt's cost per distinct prompt instead of one per row.
+
+TRL (1.16) has no such path, and transformers' `DynamicCache` serves generation; this module only lays one
+under TRL's fused log-prob head. Position ids and masks are those of the whole-row read: HF numbers
+positions from the cache length, as a whole row numbers them from 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def shared_prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> Any:
+    """The first row of each distinct prompt and, per row, the index of its prompt among them; None when no
+    two rows share a prompt (then reading rows whole costs the same)."""
+    prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width].to(input_ids.dtype)], dim=1)
+    _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    distinct = int(inverse.max()) + 1
+    if distinct == input_ids.size(0):
+        return None
+    rows = torch.arange(input_ids.size(0), device=input_ids.device)
+    first = torch.full((distinct,), input_ids.size(0), device=input_ids.device).scatter_reduce(
+        0, inverse, rows, reduce="amin"
+    )
+    return first, inverse
+
+
+def shared_prompt_logps(
+    model: Any,
+    config: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Per-token log-probs (and entropies) of the last `logits_to_keep` tokens of each row, as TRL's
+    `_get_per_token_logps_and_entropies` computes them, with each distinct prompt read once.
+
+    `model` is TRL's policy with its fused log-prob head (`trl.trainer.utils.add_fused_lm_head`), as wrapped
+    for training; `config` its model config. Returns None when no two rows share a prompt.
+    """
+    from transformers import DynamicCache
+
+    # The cache holds the prompt but its last token: that token's hidden state predicts the first completion
+    # token, so it is read with the completion (the fused head scores position t from position t - 1).
+    head = input_ids.size(1) - logits_to_keep - 1
+    if head < 1:
+        return None
+    shared = shared_prompt_rows(input_ids, attention_mask, head)
+    if shared is None:
+        return None
+    first, inverse = shared
+    cache = DynamicCache(config=config)
+    model(
+        input_ids=input_ids[first, :head], attention_mask=attention_mask[first, :head],
+        cache=cache, use_cache=True, logits_to_keep=1,
+    )  # fmt: skip
+    cache.batch_select_indices(inverse)
+    tail = input_ids[:, head:]
+    labels = tail.masked_fill(attention_mask[:, head:] == 0, -100)
+    labels[:, 0] = -100
+    outputs = model(input_ids=tail, attention_mask=attention_mask, cache=cache, labels=labels, fused_lm_head=True)
+    logps = outputs.log_probs[:, -logits_to_keep:]
+    entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
+    return logps, entropies
+
+
+def logps_reading_prompts_once(
+    model: Any,
+    config: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    batch_size: int | None,
+    compute_entropy: bool,
+    read_whole: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`shared_prompt_logps` over chunks of `batch_size` rows (TRL's memory bound), `read_whole(ids, mask)`
+    for a chunk in which no two rows share a prompt."""
+    chunk = batch_size or input_ids.size(0)
+    logps, entropies = [], []
+    for start in range(0, input_ids.size(0), chunk):
+        ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
+        read = shared_prompt_logps(model, config, ids, mask, logits_to_keep, compute_entropy) or read_whole(ids, mask)
+        logps.append(read[0])
+        entropies.append(read[1])
+    return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
