@@ -92,6 +92,26 @@ def test_two_processes_each_roll_out_their_own_questions_and_metrics_are_gathere
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (out / "checkpoint-1").iterdir()}
 
 
+def test_two_processes_reading_each_prompt_once_step_as_reading_it_per_row(tmp_path):
+    """DDP over gloo, LoRA: each rank's group is scored with its prompt read once, two forward calls before
+    one backward; the synchronised step (loss, gradient norm) is the one of whole-row reads."""
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / "recipes" / "ci_tiny_lora.yaml").read_text())
+    recipe["rewards"] = [{"type": "tests.varied_rewards:distinct_characters"}]  # non-zero advantages
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    steps = {}
+    for once in ("false", "true"):
+        out = tmp_path / once
+        result = launch("--config", str(tmp_path / "recipe.yaml"), "--output_dir", str(out), "--max_steps", "1",
+                        "--read_prompt_once", once, *SMALL)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        steps[once] = next(r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r)
+    assert steps["true"]["grad_norm"] > 0
+    assert steps["true"]["grad_norm"] == pytest.approx(steps["false"]["grad_norm"], rel=1e-3)
+    assert steps["true"]["loss"] == pytest.approx(steps["false"]["loss"], rel=1e-3, abs=1e-6)
+
+
 def test_more_processes_than_questions_per_step_is_refused(tmp_path):
     out = tmp_path / "out"
     result = launch("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--per_device_train_batch_size", "2")

@@ -81,3 +81,50 @@ def test_rows_with_distinct_prompts_are_left_to_whole_reads(policy):
     two = ids[:2], mask[:2]
     assert shared_prompt_rows(*two, ids.size(1) - keep - 1) is None
     assert shared_prompt_logps(policy, policy.config, *two, keep) is None
+
+
+def test_trainer_loss_and_gradients_match_with_and_without_read_prompt_once(tiny_model_dir, tmp_path, monkeypatch):
+    """Through the trainer's real loss (TRL's clipped GRPO loss, KL against the reference): the same loss and
+    gradients whether each prompt is read per row or once per group; and the shared path is the one taken."""
+    from datasets import Dataset
+
+    from agentic_grpo import shared_prompt
+    from agentic_grpo.config import AgenticGRPOConfig
+    from agentic_grpo.trainer import AgenticGRPOTrainer
+    from tests.scripted import case_prompt
+
+    def by_tokens(prompts, completions, trajectory, **_):  # varied rewards, so advantages are not all zero
+        return [float(sum(t.completion_ids) % 3) for t in trajectory]
+
+    rows = [{"prompt": case_prompt(name), "question": name, "answer": "1"} for name in ("a", "b") for _ in range(4)]
+    config = AgenticGRPOConfig(
+        output_dir=str(tmp_path), environment="agentic_grpo.tools.calculator:Calculator", num_generations=4,
+        per_device_train_batch_size=8, max_completion_length=48, max_tokens_per_turn=16, max_turns=2, beta=0.04,
+        gradient_checkpointing=False, report_to=[], save_strategy="no", save_trajectories_steps=0, seed=0,
+    )  # fmt: skip
+    trainer = AgenticGRPOTrainer(
+        model=tiny_model_dir, reward_funcs=[by_tokens], args=config, train_dataset=Dataset.from_list(rows)
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by the Trainer's loop, which we step around
+    inputs = trainer._generate_and_score_completions(rows)
+    assert inputs["advantages"].abs().sum() > 0
+
+    def loss_and_grads():
+        trainer.model.zero_grad()
+        loss = trainer.compute_loss(trainer.model, inputs)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+    whole_loss, whole_grads = loss_and_grads()
+    reads = []
+    real = shared_prompt.shared_prompt_logps
+    monkeypatch.setattr(shared_prompt, "shared_prompt_logps", lambda *a, **k: reads.append(real(*a, **k)) or reads[-1])
+    trainer.args.read_prompt_once = True
+    loss, grads = loss_and_grads()
+
+    assert len(reads) == 1 and reads[0] is not None
+    assert torch.allclose(loss, whole_loss, atol=1e-6)
+    assert grads.keys() == whole_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, whole_grads[name], rtol=1e-3, atol=1e-6), name
