@@ -16,6 +16,7 @@ positions from the cache length, as a whole row numbers them from 0.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -97,3 +98,29 @@ def logps_reading_prompts_once(
         logps.append(read[0])
         entropies.append(read[1])
     return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
+
+
+class ReadPromptOnce:
+    """Trainer mixin: TRL's `_get_per_token_logps_and_entropies`, reading each distinct prompt of a microbatch
+    once when `args.read_prompt_once` is set. Rows are read whole with MoE aux losses, image inputs, and
+    gradient checkpointing (HF's checkpointed layers drop a cache they would write: the backward replay would
+    write it twice)."""
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **image_inputs,
+    ):  # fmt: skip
+        """TRL's, with each distinct prompt of a microbatch read once under `read_prompt_once`."""
+        whole = functools.partial(super()._get_per_token_logps_and_entropies, model, logits_to_keep=logits_to_keep)
+        if (
+            not self.args.read_prompt_once or compute_aux_loss or self.args.gradient_checkpointing
+            or any(value is not None for value in image_inputs.values())
+        ):  # fmt: skip
+            return whole(input_ids, attention_mask, batch_size=batch_size, compute_entropy=compute_entropy,
+                         compute_aux_loss=compute_aux_loss, **image_inputs)  # fmt: skip
+        logps, entropies = logps_reading_prompts_once(
+            model, self.accelerator.unwrap_model(model).config, input_ids, attention_mask, logits_to_keep,
+            batch_size, compute_entropy,
+            lambda ids, mask: whole(ids, mask, compute_entropy=compute_entropy)[:2],
+        )  # fmt: skip
+        return logps, entropies, None

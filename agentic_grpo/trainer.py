@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import os
 import time
@@ -38,7 +37,7 @@ from agentic_grpo.rollout import RolloutStats
 from agentic_grpo.run_files import RunFilesCallback, trajectory_records
 from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
 from agentic_grpo.selection import log_selection_metrics
-from agentic_grpo.shared_prompt import logps_reading_prompts_once
+from agentic_grpo.shared_prompt import ReadPromptOnce
 from agentic_grpo.trajectory import Trajectory
 from agentic_grpo.vllm_backend import VLLMBackend
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
@@ -99,7 +98,7 @@ def nan_if_none(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-class AgenticGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
+class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
     """GRPO on multi-turn tool-use trajectories.
 
     Args:
@@ -291,25 +290,6 @@ class AgenticGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self.cotraining.log_policy_loss(loss)
         return loss + sum(role_losses.values())
-
-    def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
-        compute_aux_loss=False, **image_inputs,
-    ):  # fmt: skip
-        """TRL's, with each distinct prompt of a microbatch read once under `read_prompt_once`."""
-        whole = functools.partial(super()._get_per_token_logps_and_entropies, model, logits_to_keep=logits_to_keep)
-        if (
-            not self.args.read_prompt_once or compute_aux_loss or self.args.gradient_checkpointing
-            or any(value is not None for value in image_inputs.values())
-        ):  # fmt: skip
-            return whole(input_ids, attention_mask, batch_size=batch_size, compute_entropy=compute_entropy,
-                         compute_aux_loss=compute_aux_loss, **image_inputs)  # fmt: skip
-        logps, entropies = logps_reading_prompts_once(
-            model, self.accelerator.unwrap_model(model).config, input_ids, attention_mask, logits_to_keep,
-            batch_size, compute_entropy,
-            lambda ids, mask: whole(ids, mask, compute_entropy=compute_entropy)[:2],
-        )  # fmt: skip
-        return logps, entropies, None
 
     def create_optimizer(self, model: Any = None) -> Any:
         """The Trainer's optimizer, with each co-trained sub-agent's adapter in parameter groups of its own (its
