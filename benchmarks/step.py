@@ -54,13 +54,16 @@ def record(prepared: Any, model_path: str, rows: list[dict[str, Any]], group: in
     parts = prepared.rollout_parts
     generation_config, eos_ids = sampling(model, tokenizer, prepared.config)
     backend = TransformersBackend(model, tokenizer, generation_config, eos_ids)
-    manager = parts.rollout_manager(tokenizer, None)
+    pool = parts.sandbox_pool(rank=0)  # None unless the environment runs code (the toolbox's `python`)
+    manager = parts.rollout_manager(tokenizer, pool)
     repeated = [row for row in rows for _ in range(group)]
     torch.manual_seed(seed)
     try:
         trajectories, _ = manager.rollout([row["prompt"] for row in repeated], repeated, backend)
     finally:
         manager.close()
+        if pool is not None:
+            pool.close()
     recorded: dict[str, list] = {}
     for row, trajectory in zip(repeated, trajectories, strict=True):
         recorded.setdefault(question_of(row["prompt"]), []).append(trajectory)
