@@ -17,6 +17,7 @@ positions from the cache length, as a whole row numbers them from 0.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,13 @@ def shared_prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, pr
     return first, inverse
 
 
+def cache_keyword(model: Any) -> str:
+    """The name under which `model`'s forward takes a key/value cache: `cache` since transformers renamed
+    `past_key_values` (the old name is still accepted there, with a warning, until 5.40)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
 def shared_prompt_logps(
     model: Any,
     config: Any,
@@ -45,12 +53,14 @@ def shared_prompt_logps(
     attention_mask: torch.Tensor,
     logits_to_keep: int,
     compute_entropy: bool = False,
+    cache_name: str = "cache",
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Per-token log-probs (and entropies) of the last `logits_to_keep` tokens of each row, as TRL's
     `_get_per_token_logps_and_entropies` computes them, with each distinct prompt read once.
 
     `model` is TRL's policy with its fused log-prob head (`trl.trainer.utils.add_fused_lm_head`), as wrapped
-    for training; `config` its model config. Returns None when no two rows share a prompt.
+    for training; `config` its model config; `cache_name` its forward's cache keyword (`cache_keyword`).
+    Returns None when no two rows share a prompt.
     """
     from transformers import DynamicCache
 
@@ -66,13 +76,15 @@ def shared_prompt_logps(
     cache = DynamicCache(config=config)
     model(
         input_ids=input_ids[first, :head], attention_mask=attention_mask[first, :head],
-        cache=cache, use_cache=True, logits_to_keep=1,
+        use_cache=True, logits_to_keep=1, **{cache_name: cache},
     )  # fmt: skip
     cache.batch_select_indices(inverse)
     tail = input_ids[:, head:]
     labels = tail.masked_fill(attention_mask[:, head:] == 0, -100)
     labels[:, 0] = -100
-    outputs = model(input_ids=tail, attention_mask=attention_mask, cache=cache, labels=labels, fused_lm_head=True)
+    outputs = model(
+        input_ids=tail, attention_mask=attention_mask, labels=labels, fused_lm_head=True, **{cache_name: cache}
+    )
     logps = outputs.log_probs[:, -logits_to_keep:]
     entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
     return logps, entropies
@@ -87,6 +99,7 @@ def logps_reading_prompts_once(
     batch_size: int | None,
     compute_entropy: bool,
     read_whole: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
+    cache_name: str = "cache",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`shared_prompt_logps` over chunks of `batch_size` rows (TRL's memory bound), `read_whole(ids, mask)`
     for a chunk in which no two rows share a prompt."""
@@ -94,7 +107,8 @@ def logps_reading_prompts_once(
     logps, entropies = [], []
     for start in range(0, input_ids.size(0), chunk):
         ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
-        read = shared_prompt_logps(model, config, ids, mask, logits_to_keep, compute_entropy) or read_whole(ids, mask)
+        read = shared_prompt_logps(model, config, ids, mask, logits_to_keep, compute_entropy, cache_name)
+        read = read or read_whole(ids, mask)
         logps.append(read[0])
         entropies.append(read[1])
     return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
@@ -118,9 +132,9 @@ class ReadPromptOnce:
         ):  # fmt: skip
             return whole(input_ids, attention_mask, batch_size=batch_size, compute_entropy=compute_entropy,
                          compute_aux_loss=compute_aux_loss, **image_inputs)  # fmt: skip
+        unwrapped = self.accelerator.unwrap_model(model)
         logps, entropies = logps_reading_prompts_once(
-            model, self.accelerator.unwrap_model(model).config, input_ids, attention_mask, logits_to_keep,
-            batch_size, compute_entropy,
-            lambda ids, mask: whole(ids, mask, compute_entropy=compute_entropy)[:2],
+            model, unwrapped.config, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+            lambda ids, mask: whole(ids, mask, compute_entropy=compute_entropy)[:2], cache_keyword(unwrapped),
         )  # fmt: skip
         return logps, entropies, None
