@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 
-def shared_prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> Any:
+def shared_prompt_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The first row of each distinct prompt and, per row, the index of its prompt among them; None when no
     two rows share a prompt (then reading rows whole costs the same)."""
     prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width].to(input_ids.dtype)], dim=1)
@@ -90,30 +91,6 @@ def shared_prompt_logps(
     return logps, entropies
 
 
-def logps_reading_prompts_once(
-    model: Any,
-    config: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    logits_to_keep: int,
-    batch_size: int | None,
-    compute_entropy: bool,
-    read_whole: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
-    cache_name: str = "cache",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`shared_prompt_logps` over chunks of `batch_size` rows (TRL's memory bound), `read_whole(ids, mask)`
-    for a chunk in which no two rows share a prompt."""
-    chunk = batch_size or input_ids.size(0)
-    logps, entropies = [], []
-    for start in range(0, input_ids.size(0), chunk):
-        ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
-        read = shared_prompt_logps(model, config, ids, mask, logits_to_keep, compute_entropy, cache_name)
-        read = read or read_whole(ids, mask)
-        logps.append(read[0])
-        entropies.append(read[1])
-    return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
-
-
 class ReadPromptOnce:
     """Trainer mixin: TRL's `_get_per_token_logps_and_entropies`, reading each distinct prompt of a microbatch
     once when `args.read_prompt_once` is set. Rows are read whole with MoE aux losses, image inputs, and
@@ -133,8 +110,13 @@ class ReadPromptOnce:
             return whole(input_ids, attention_mask, batch_size=batch_size, compute_entropy=compute_entropy,
                          compute_aux_loss=compute_aux_loss, **image_inputs)  # fmt: skip
         unwrapped = self.accelerator.unwrap_model(model)
-        logps, entropies = logps_reading_prompts_once(
-            model, unwrapped.config, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-            lambda ids, mask: whole(ids, mask, compute_entropy=compute_entropy)[:2], cache_keyword(unwrapped),
-        )  # fmt: skip
-        return logps, entropies, None
+        config, cache_name = unwrapped.config, cache_keyword(unwrapped)
+        chunk = batch_size or input_ids.size(0)  # TRL's memory bound on the rows read at once
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), chunk):
+            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
+            read = shared_prompt_logps(model, config, ids, mask, logits_to_keep, compute_entropy, cache_name)
+            read = read or whole(ids, mask, compute_entropy=compute_entropy)[:2]  # no two rows share a prompt
+            logps.append(read[0])
+            entropies.append(read[1])
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
