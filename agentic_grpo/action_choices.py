@@ -12,11 +12,19 @@ constrain the whole output from its first token, while here the constraint start
 itself writes the marker, and is a matter of text (any tokenization of "Action: calculator" is allowed,
 the one the model prefers included). The mask is one logits processor, used by the transformers backends;
 the slot itself (`ActionChoices`) is part of a format's contract (`agentic_grpo.formats`).
+
+Spreading a group's first actions (`spread_over_groups`, `AgenticGRPOConfig.spread_first_action`): a GRPO group
+learns which tool is right only if one of its G samples tries it. A small model's preferences are sharp and
+shared across a group, so a group of 8 samples of a question about words may never call `string_tool`
+(toolbox, the fifth run: 7 of 24 strings and Python groups did). Given each row's continuation for its first
+slot, the processor holds that row to it, so the G rows of a group try G different tools (each tool G/n
+times); the rest of every turn is the model's own sample.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -39,17 +47,19 @@ class ActionChoiceMask:
             for token_id in range(len(tokenizer))
             if (piece := tokenizer.decode([token_id])) and set(piece) <= alphabet
         ]
-        self._allowed: dict[str, torch.Tensor] = {}
+        self._allowed: dict[tuple[str, tuple[str, ...] | None], torch.Tensor] = {}
 
-    def allowed(self, written: str) -> torch.Tensor | None:
-        """Token ids that may come next after `written` in the slot, or None when the slot is closed."""
-        if written not in self._allowed:
-            remainders = self.choices.remainders(written)
+    def allowed(self, written: str, among: tuple[str, ...] | None = None) -> torch.Tensor | None:
+        """Token ids that may come next after `written` in the slot (held to the continuations `among`, when
+        given), or None when the slot is closed."""
+        key = (written, among)
+        if key not in self._allowed:
+            remainders = self.choices.remainders(written, among)
             if not remainders:
                 return None
             ids = sorted({t for t, piece in self._pieces if any(r.startswith(piece) for r in remainders)})
-            self._allowed[written] = torch.tensor(ids, dtype=torch.long)
-        return self._allowed[written]
+            self._allowed[key] = torch.tensor(ids, dtype=torch.long)
+        return self._allowed[key]
 
     def slot_text(self, text: str) -> str | None:
         """The text after the turn's last marker, or None when the turn has no marker yet."""
@@ -70,11 +80,16 @@ class ActionChoiceProcessor:
 
     One per `generate` call: the first call sees the contexts alone, so its width is where this turn's
     new tokens begin in every row (rows are left-padded to one width, and stay so as the batch shrinks).
+    `assigned[row]`, when given and not None, is the one continuation the row's first slot of this turn may
+    take. A decoding loop whose batch shrinks sets `live_rows` (the caller's index of each row it still
+    decodes) before each call; otherwise row `i` is the caller's row `i`.
     """
 
-    def __init__(self, mask: ActionChoiceMask) -> None:
+    def __init__(self, mask: ActionChoiceMask, assigned: Sequence[str | None] | None = None) -> None:
         self.mask = mask
+        self.assigned = list(assigned) if assigned is not None else None
         self.start: int | None = None
+        self.live_rows: list[int] | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.start is None:
@@ -82,10 +97,35 @@ class ActionChoiceProcessor:
         for row in range(input_ids.shape[0]):
             text = self.mask.tokenizer.decode(input_ids[row, self.start :])
             written = self.mask.slot_text(text)
-            allowed = None if written is None else self.mask.allowed(written)
+            allowed = None if written is None else self.mask.allowed(written, self._held_to(row, text))
             if allowed is not None:
                 allowed = allowed.to(scores.device)
                 keep = scores[row, allowed] / self.mask.choices.temperature
                 scores[row] = float("-inf")
                 scores[row, allowed] = keep
         return scores
+
+    def _held_to(self, row: int, text: str) -> tuple[str, ...] | None:
+        if self.assigned is None or text.count(self.mask.choices.marker) != 1:
+            return None
+        continuation = self.assigned[self.live_rows[row] if self.live_rows is not None else row]
+        return None if continuation is None else (continuation,)
+
+
+def spread_over_groups(
+    groups: Sequence[Hashable], continuations: Sequence[str], generator: torch.Generator | None = None
+) -> list[str | None]:
+    """For each row (labelled by its group), the continuation its first action slot takes: within a group of
+    several rows, the continuations in a random order, repeated as the group is larger (each taken by
+    `len(group) // len(continuations)` or one more rows); a row alone in its group keeps its own choice (None)."""
+    members: dict[Hashable, list[int]] = {}
+    for row, group in enumerate(groups):
+        members.setdefault(group, []).append(row)
+    assigned: list[str | None] = [None] * len(groups)
+    for rows in members.values():
+        if len(rows) < 2:
+            continue
+        order = torch.randperm(len(continuations), generator=generator).tolist()
+        for k, row in enumerate(rows):
+            assigned[row] = continuations[order[k % len(order)]]
+    return assigned

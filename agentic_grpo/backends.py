@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -44,12 +44,19 @@ class Generation:
 
 class GenerationBackend(Protocol):
     def generate(
-        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: ActionChoices | None = None
+        self,
+        batch: list[list[int]],
+        stop: list[str],
+        max_new_tokens: int,
+        choices: ActionChoices | None = None,
+        assigned: Sequence[str | None] | None = None,
     ) -> list[Generation]:
         """Continue each token-id list; return new tokens up to and including EOS or the stop string.
 
         `choices`, when a format constrains its action slot, holds decoding to them there; the rollout manager
-        passes it only then, so a backend that cannot constrain may leave the parameter out."""
+        passes it only then, so a backend that cannot constrain may leave the parameter out. `assigned` (passed
+        only when the trainer spreads first actions) holds row `i`'s first slot of this turn to `assigned[i]`
+        when that is not None."""
 
 
 class TransformersBackend:
@@ -99,7 +106,12 @@ class TransformersBackend:
             yield self.model
 
     def generate(
-        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: ActionChoices | None = None
+        self,
+        batch: list[list[int]],
+        stop: list[str],
+        max_new_tokens: int,
+        choices: ActionChoices | None = None,
+        assigned: Sequence[str | None] | None = None,
     ) -> list[Generation]:
         pad_id = self.tokenizer.pad_token_id
         width = max(len(ids) for ids in batch)
@@ -114,7 +126,7 @@ class TransformersBackend:
         extra: dict[str, Any] = {}
         if choices is not None:
             extra["logits_processor"] = LogitsProcessorList(
-                [ActionChoiceProcessor(choice_mask(self.tokenizer, choices))]
+                [ActionChoiceProcessor(choice_mask(self.tokenizer, choices), assigned if config.do_sample else None)]
             )
         with self._generating_model() as model:
             reason = why_not_reusable(model, config) if self.reuse_cache else None

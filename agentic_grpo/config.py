@@ -144,6 +144,17 @@ class AgenticGRPOConfig(GRPOConfig):
             "(`per_device_train_batch_size` >= `num_generations`); not with gradient checkpointing or image inputs."
         },
     )
+    spread_first_action: bool = field(
+        default=False,
+        metadata={
+            "help": "In training rollouts, hold the first action of a GRPO group's G trajectories to G different "
+            "choices (each tool's name G/n times, in a random order per group), so every group compares every "
+            "tool; the rest of each turn is sampled. For exploration where a model's sharp preferences keep a "
+            "group from ever trying the right tool. The held names are not the policy's samples (off-policy, "
+            "as `action_temperature` is); evaluation and greedy decoding are unchanged, and the training "
+            "rollouts' `tools/*` metrics count the held choices. Needs `format_kwargs: {constrain_actions: true}`."
+        },
+    )
     save_trajectories_steps: int = field(
         default=1,
         metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},

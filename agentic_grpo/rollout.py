@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentic_grpo.action_choices import spread_over_groups
 from agentic_grpo.backends import GenerationBackend
 from agentic_grpo.environment import SANDBOX_GRACE_S, ToolEnvironment
 from agentic_grpo.formats import FinalAnswer, Malformed, TrajectoryFormat
@@ -102,11 +103,27 @@ class RolloutManager:
         self._executor: ThreadPoolExecutor | None = None
 
     def rollout(
-        self, prompts: list[Any], rows: list[dict[str, Any]], backend: GenerationBackend
+        self,
+        prompts: list[Any],
+        rows: list[dict[str, Any]],
+        backend: GenerationBackend,
+        spread_first_action: bool = False,
     ) -> tuple[list[Trajectory], RolloutStats]:
-        """One trajectory per prompt (prompts arrive already repeated G times per query)."""
+        """One trajectory per prompt (prompts arrive already repeated G times per query).
+
+        With `spread_first_action` (and a format that constrains its action slot), the first action of the
+        trajectories that share a prompt is spread over the choices (`agentic_grpo.action_choices`)."""
         stats = RolloutStats()
         trajectories = [self._start(prompt) for prompt in prompts]
+        choices = getattr(self.format, "action_choices", None)
+        if spread_first_action and choices is None:
+            raise ValueError("spread_first_action needs a format that constrains its action slot "
+                             "(format_kwargs: constrain_actions: true)")  # fmt: skip
+        first = (
+            spread_over_groups([tuple(t.prompt_ids) for t in trajectories], choices.continuations)
+            if spread_first_action
+            else None
+        )
         environments: list[tuple[ToolEnvironment, Any]] = []
         # A backend that keeps each trajectory's keys and values does so for this rollout only.
         session = getattr(backend, "session", contextlib.nullcontext)
@@ -121,7 +138,8 @@ class RolloutManager:
                     stats.turns += 1
                     for i in live:  # the state each turn's action is taken from (the `anchor` advantage groups by it)
                         trajectories[i].turn_states.append(environments[i][0].state_hash())
-                    calls = self._model_turn(trajectories, live, backend, stats)
+                    assigned = [first[i] for i in live] if first is not None and stats.turns == 1 else None
+                    calls = self._model_turn(trajectories, live, backend, stats, assigned)
                     self._tool_turn(trajectories, environments, calls, stats, rows, backend)
                     for i in live:
                         self.book_payments(trajectories[i], environments[i][0])
@@ -157,7 +175,12 @@ class RolloutManager:
         return Trajectory(prompt=prompt, segments=[Segment("prompt", list(ids), self.tokenizer.decode(ids))])
 
     def _model_turn(
-        self, trajectories: list[Trajectory], live: list[int], backend: GenerationBackend, stats: RolloutStats
+        self,
+        trajectories: list[Trajectory],
+        live: list[int],
+        backend: GenerationBackend,
+        stats: RolloutStats,
+        assigned: list[str | None] | None = None,
     ) -> dict[int, tuple[ToolCall | Malformed, str]]:
         """Generate one turn for every live trajectory; return the calls (or parse errors) to answer."""
         room = {i: self.limits.max_completion_tokens - len(trajectories[i].completion_ids) for i in live}
@@ -168,7 +191,9 @@ class RolloutManager:
             [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in live],
             self.format.stop,
             max_new,
-            **({"choices": choices} if choices else {}),  # only then: backends written before it still plug in
+            # only when set: backends written before either still plug in
+            **({"choices": choices} if choices else {}),
+            **({"assigned": assigned} if assigned else {}),
         )
         stats.generation_seconds += time.perf_counter() - start
 

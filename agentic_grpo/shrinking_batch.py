@@ -8,7 +8,8 @@ turn makes the whole batch pay for its length. In a rollout turn most rows stop 
 `generate` still builds the logits processors, the stopping criteria (EOS, stop strings, length) and the
 special tokens exactly as for its own sampling; only the loop differs. It reads the batch's unread tokens
 once, then decodes the live rows only, and hands each stopped row's keys and values to `on_stop` before
-dropping them from the cache. `generate` drops the tokenizer before it calls a custom loop, so stop strings
+dropping them from the cache; a logits processor with a `live_rows` attribute is told before each step which
+of the caller's rows it is given (`agentic_grpo.action_choices`). `generate` drops the tokenizer before it calls a custom loop, so stop strings
 come as a ready criterion (`stop_string_criteria`), not as `stop_strings`.
 
 The random numbers are `generate`'s own. `torch.multinomial(p, 1)`, which `generate` samples with, is
@@ -59,6 +60,9 @@ def sample_shrinking(
         past_key_values=kv_cache, use_cache=True, logits_to_keep=1,
     )  # fmt: skip
     while True:
+        for processor in logits_processor:  # a processor that keeps per-row state learns which rows are live
+            if hasattr(processor, "live_rows"):
+                processor.live_rows = live.tolist()
         scores = logits_processor(input_ids, outputs.logits[:, -1].to(dtype=torch.float32))
         if generation_config.do_sample:
             probs = torch.nn.functional.softmax(scores, dim=-1)

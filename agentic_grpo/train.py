@@ -89,6 +89,9 @@ def prepare(argv: list[str]) -> PreparedRun:
     check_trainer_setup(config, rewards)
     if config.use_vllm and getattr(parts.trajectory_format, "action_choices", None):
         raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code
+    if config.spread_first_action and not getattr(parts.trajectory_format, "action_choices", None):
+        raise ValueError("`spread_first_action` needs a format whose action slot is constrained: "
+                         "format: react with format_kwargs: {constrain_actions: true}")  # fmt: skip
     train, test = built.train, built.test
     if config.eval_strategy != "no" and test is None:
         raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")

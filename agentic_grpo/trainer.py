@@ -233,7 +233,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         if rows is None or len(rows) != len(prompts):
             raise RuntimeError("rollout called outside `_generate_and_score_completions`, or with other prompts")
         backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
-        trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend)
+        trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend, self.args.spread_first_action)
         self._log_rollout(trajectories, stats)
         log_selection_metrics(self, trajectories, rows)
         if self.rollout_parts.agents:

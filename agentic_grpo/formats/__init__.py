@@ -39,10 +39,12 @@ class ActionChoices:
     continuations: tuple[str, ...]
     temperature: float = 1.0
 
-    def remainders(self, written: str) -> list[str]:
-        """What is left to write of each continuation that `written` (the text after the marker) begins;
-        empty when the slot is closed (a continuation was written whole, or the text left every one)."""
-        return [c[len(written) :] for c in self.continuations if len(c) > len(written) and c.startswith(written)]
+    def remainders(self, written: str, among: tuple[str, ...] | None = None) -> list[str]:
+        """What is left to write of each continuation (of `among`, when given) that `written` (the text after
+        the marker) begins; empty when the slot is closed (a continuation was written whole, or the text left
+        every one)."""
+        candidates = self.continuations if among is None else among
+        return [c[len(written) :] for c in candidates if len(c) > len(written) and c.startswith(written)]
 
 
 class TrajectoryFormat(Protocol):
