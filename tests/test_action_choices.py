@@ -15,10 +15,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from agentic_grpo.action_choices import ActionChoiceMask, ActionChoiceProcessor
+from agentic_grpo.action_choices import ActionChoiceMask, ActionChoiceProcessor, spread_over_groups
 from agentic_grpo.backends import TransformersBackend
 from agentic_grpo.formats import ActionChoices, load_format
+from agentic_grpo.rollout import RolloutLimits, RolloutManager
+from agentic_grpo.tools.calculator import Calculator
+from agentic_grpo.tools.facts import ElementTable
 from agentic_grpo.tools.toolbox import Toolbox
+from agentic_grpo.tools.units import UnitConverter
 from agentic_grpo.vllm_backend import VLLMBackend
 
 CHOICES = ActionChoices("Action:", (" calculator\nAction Input:", " lookup\nAction Input:", " python\nAction Input:"))
@@ -121,5 +125,71 @@ def test_a_vllm_recipe_with_a_constrained_slot_is_refused_before_a_model_loads(t
 
     argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"), "--use_vllm", "true",
             "--format_kwargs", '{"constrain_actions": true}']  # fmt: skip
+    with pytest.raises(ValueError, match="constrain_actions"):
+        prepare(argv)
+
+
+def _first_choice(text: str, choices: ActionChoices = CHOICES) -> str | None:
+    """The continuation written after a turn's first `Action:` (or the part of one the budget left)."""
+    if "Action:" not in text:
+        return None
+    after = text.split("Action:")[1]
+    return next((c for c in choices.continuations if after.startswith(c) or c.startswith(after)), after)
+
+
+def test_spread_gives_each_group_every_choice_in_turn():
+    groups = ["a"] * 8 + ["b"] * 3 + ["c"]
+    assigned = spread_over_groups(groups, CHOICES.continuations, torch.Generator().manual_seed(0))
+    first, second = assigned[:8], assigned[8:11]
+    assert sorted(first.count(c) for c in CHOICES.continuations) == [2, 3, 3]  # 8 rows over 3 choices
+    assert first[:3] == first[3:6] and sorted(first[:3]) == sorted(CHOICES.continuations)  # each once, then again
+    assert sorted(second) == sorted(CHOICES.continuations)
+    assert assigned[11] is None  # alone in its group: nothing to compare it with, so it chooses for itself
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["kept-cache", "whole-context"])
+def test_assigned_rows_take_their_choice_as_the_batch_shrinks(tiny_model_dir, tokenizer, reuse):
+    backend = _biased_backend(tiny_model_dir, tokenizer, reuse)
+    contexts = [tokenizer(f"Question {i}: what is {i} + 2?\n")["input_ids"] for i in range(8)]
+    assigned = [CHOICES.continuations[i % 3] if i != 5 else None for i in range(8)]
+    stop = ["Input:"]  # a row stops once it has written its choice: rows leave the batch at different steps
+    torch.manual_seed(1)
+    free = [tokenizer.decode(g.token_ids) for g in backend.generate(contexts, stop, 40, choices=CHOICES)]
+    torch.manual_seed(1)
+    generations = backend.generate(contexts, stop, 40, choices=CHOICES, assigned=assigned)
+    held = [tokenizer.decode(g.token_ids) for g in generations]
+    assert len({len(g.token_ids) for g in generations}) > 2
+    acting = [i for i, text in enumerate(held) if "Action:" in text and i != 5]
+    assert len(acting) >= 5
+    assert all(_first_choice(held[i]) == assigned[i] for i in acting), [(assigned[i], held[i]) for i in acting]
+    assert any(_first_choice(free[i]) not in (None, assigned[i]) for i in range(8))  # the control: unheld differs
+
+
+class ThreeTools(Calculator, ElementTable, UnitConverter):
+    """Three in-process tools: no sandbox needed."""
+
+
+def test_rollout_spreads_the_first_action_over_each_group(tiny_model_dir, tokenizer):
+    fmt = load_format("react", ThreeTools.tool_schemas(), constrain_actions=True)
+    manager = RolloutManager(ThreeTools, fmt, tokenizer, RolloutLimits(max_turns=1, max_tokens_per_turn=24))
+    backend = _biased_backend(tiny_model_dir, tokenizer, reuse=True)
+    questions = ["What is 12 * 34?"] * 3 + ["Convert 3 miles to km."] * 3
+    torch.manual_seed(0)
+    try:
+        trajectories, _ = manager.rollout([fmt.prompt_messages(q) for q in questions], [{}] * 6, backend, True)
+    finally:
+        manager.close()
+    firsts = [_first_choice(t.segments[1].text, fmt.action_choices) for t in trajectories]
+    for group in (firsts[:3], firsts[3:]):
+        assert sorted(group) == sorted(fmt.action_choices.continuations), firsts  # every tool once per group
+    with pytest.raises(ValueError, match="constrain_actions"):
+        RolloutManager(ThreeTools, load_format("react", ThreeTools.tool_schemas()), tokenizer,
+                       RolloutLimits()).rollout([questions[0]], [{}], backend, True)  # fmt: skip
+
+
+def test_a_recipe_spreading_first_actions_without_a_constrained_slot_is_refused(tmp_path):
+    from agentic_grpo.train import prepare
+
+    argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"), "--spread_first_action", "true"]
     with pytest.raises(ValueError, match="constrain_actions"):
         prepare(argv)
