@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from agentic_grpo.shared_prompt import cache_keyword
 from agentic_grpo.shrinking_batch import sample_shrinking, stop_string_criteria
 
 CONTEXT_READING_PROCESSORS = {
@@ -173,7 +174,7 @@ def _read_contexts(model: Any, contexts: list[list[int]], pad_id: int) -> list[_
     input_ids, mask, cache, held = _held_batch(model, contexts, matches, pad_id)
     model(
         input_ids=input_ids[:, held:], attention_mask=mask, position_ids=_positions(mask)[:, held:],
-        past_key_values=cache, use_cache=True, logits_to_keep=1,
+        use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache},
     )  # fmt: skip
     width = input_ids.shape[1]
     return _entries(cache, [(ids, width - len(ids)) for ids in contexts])
@@ -216,10 +217,10 @@ def generate_reusing(
     output = model.generate(
         input_ids=input_ids,
         attention_mask=mask,
-        past_key_values=cache,
         generation_config=generation_config,
         tokenizer=tokenizer,
         use_cache=True,
+        **{cache_keyword(model): cache},
         **(custom if shrinking else {}),
         **generate_kwargs,
     )

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from agentic_grpo.shared_prompt import cache_keyword
+
 RowStop = Callable[[int, list[int], list[torch.Tensor], list[torch.Tensor]], None]
 """`on_stop(row, new_tokens, keys, values)`: a row stopped; `keys`/`values` per layer are kv_heads x fed x
 head_dim, for every token fed so far (its context, then all its new tokens but the last)."""
@@ -55,9 +57,10 @@ def sample_shrinking(
     live = torch.arange(batch, device=input_ids.device)  # each live row's index in the caller's batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = {cache_keyword(model): kv_cache}
     outputs = model(
         input_ids=input_ids[:, held:], attention_mask=attention_mask, position_ids=positions[:, held:],
-        past_key_values=kv_cache, use_cache=True, logits_to_keep=1,
+        use_cache=True, logits_to_keep=1, **cache,
     )  # fmt: skip
     while True:
         for processor in logits_processor:  # a processor that keeps per-row state learns which rows are live
@@ -97,7 +100,7 @@ def sample_shrinking(
         outputs = model(
             input_ids=next_tokens[:, None], attention_mask=attention_mask,
             position_ids=attention_mask.long().sum(-1, keepdim=True) - 1,
-            past_key_values=kv_cache, use_cache=True, logits_to_keep=1,
+            use_cache=True, logits_to_keep=1, **cache,
         )  # fmt: skip
 
     pad = getattr(generation_config, "_pad_token_tensor", None)
