@@ -233,7 +233,9 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         if rows is None or len(rows) != len(prompts):
             raise RuntimeError("rollout called outside `_generate_and_score_completions`, or with other prompts")
         backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
-        trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend, self.args.spread_first_action)
+        # Passed only when set, so a rollout manager written before it (a benchmark's replay) still plugs in.
+        spread = {"spread_first_action": True} if self.args.spread_first_action else {}
+        trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend, **spread)
         self._log_rollout(trajectories, stats)
         log_selection_metrics(self, trajectories, rows)
         if self.rollout_parts.agents:

@@ -193,3 +193,15 @@ def test_a_recipe_spreading_first_actions_without_a_constrained_slot_is_refused(
     argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"), "--spread_first_action", "true"]
     with pytest.raises(ValueError, match="constrain_actions"):
         prepare(argv)
+
+
+def test_training_with_spread_first_actions_runs_a_step(tmp_path):
+    """Through train.py: the trainer hands `spread_first_action` to the rollout manager (a misnamed or dropped
+    keyword fails here, not in a user's first run)."""
+    from tests.test_train_e2e import train
+
+    out = tmp_path / "out"
+    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--max_steps", "1",
+                   "--format_kwargs", '{"constrain_actions": true}', "--spread_first_action", "true")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "trajectories" / "step_000001.jsonl").exists()
