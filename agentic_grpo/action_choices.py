@@ -31,6 +31,13 @@ import torch
 
 from agentic_grpo.formats import ActionChoices
 
+# The one refusal of `spread_first_action` without a slot to hold: by `prepare` (before a model loads) and by
+# the rollout manager (for user code that builds one itself).
+SPREAD_NEEDS_CONSTRAINED_SLOT = (
+    "`spread_first_action` needs a format whose action slot is constrained: "
+    "format: react with format_kwargs: {constrain_actions: true}"
+)
+
 
 class ActionChoiceMask:
     """Allowed token ids per slot state for one tokenizer and one `ActionChoices` (cached: the states are the

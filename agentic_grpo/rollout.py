@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentic_grpo.action_choices import spread_over_groups
+from agentic_grpo.action_choices import SPREAD_NEEDS_CONSTRAINED_SLOT, spread_over_groups
 from agentic_grpo.backends import GenerationBackend
 from agentic_grpo.environment import SANDBOX_GRACE_S, ToolEnvironment
 from agentic_grpo.formats import FinalAnswer, Malformed, TrajectoryFormat
@@ -117,8 +117,7 @@ class RolloutManager:
         trajectories = [self._start(prompt) for prompt in prompts]
         choices = getattr(self.format, "action_choices", None)
         if spread_first_action and choices is None:
-            raise ValueError("spread_first_action needs a format that constrains its action slot "
-                             "(format_kwargs: constrain_actions: true)")  # fmt: skip
+            raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
         first = (
             spread_over_groups([tuple(t.prompt_ids) for t in trajectories], choices.continuations)
             if spread_first_action

@@ -9,8 +9,8 @@ turn makes the whole batch pay for its length. In a rollout turn most rows stop 
 special tokens exactly as for its own sampling; only the loop differs. It reads the batch's unread tokens
 once, then decodes the live rows only, and hands each stopped row's keys and values to `on_stop` before
 dropping them from the cache; a logits processor with a `live_rows` attribute is told before each step which
-of the caller's rows it is given (`agentic_grpo.action_choices`). `generate` drops the tokenizer before it calls a custom loop, so stop strings
-come as a ready criterion (`stop_string_criteria`), not as `stop_strings`.
+of the caller's rows it is given (`agentic_grpo.action_choices`). `generate` drops the tokenizer before it
+calls a custom loop, so stop strings come as a ready criterion (`stop_string_criteria`), not as `stop_strings`.
 
 The random numbers are `generate`'s own. `torch.multinomial(p, 1)`, which `generate` samples with, is
 `argmax(p / E)` for exponential noise `E` drawn over the whole (batch, vocabulary); the loop draws `E` for

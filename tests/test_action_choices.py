@@ -196,8 +196,8 @@ def test_a_recipe_spreading_first_actions_without_a_constrained_slot_is_refused(
 
 
 def test_training_with_spread_first_actions_runs_a_step(tmp_path):
-    """Through train.py: the trainer hands `spread_first_action` to the rollout manager (a misnamed or dropped
-    keyword fails here, not in a user's first run)."""
+    """Through train.py: the trainer hands `spread_first_action` to the rollout manager (a misnamed keyword fails
+    here, not in a user's first run)."""
     from tests.test_train_e2e import train
 
     out = tmp_path / "out"
