@@ -113,6 +113,33 @@ def test_react_builds_the_slot_from_its_tools():
         load_format("react", schemas, constrain_actions=True, action_temperature=0)
 
 
+def test_constrained_arguments_open_each_tools_json_with_its_first_key(tokenizer):
+    schemas = Toolbox.tool_schemas()
+    fmt = load_format("react", schemas, constrain_actions=True, constrain_arguments=True)
+    continuations = dict(zip([s["function"]["name"] for s in schemas], fmt.action_choices.continuations, strict=True))
+    assert continuations["lookup"] == ' lookup\nAction Input: {"query": "'
+    assert continuations["calculator"] == ' calculator\nAction Input: {"expression": "'
+    assert continuations["string_tool"] == ' string_tool\nAction Input: {"operation": "'  # the first required key
+    number = {"type": "function", "function": {"name": "double", "description": "Double.",
+              "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}  # fmt: skip
+    bare = {"type": "function", "function": {"name": "now", "description": "The time.", "parameters": {}}}
+    openings = load_format("react", [number, bare], constrain_actions=True, constrain_arguments=True)
+    assert openings.action_choices.continuations == (' double\nAction Input: {"n": ', " now\nAction Input: {}")
+    # A walk through the allowed tokens spells a whole opening, and what the model writes after it is a call.
+    mask = ActionChoiceMask(tokenizer, fmt.action_choices)
+    rng = random.Random(0)
+    for _ in range(20):
+        written = ""
+        while (allowed := mask.allowed(written)) is not None:
+            written += tokenizer.decode([rng.choice(allowed.tolist())])
+        assert written in fmt.action_choices.continuations
+        name = written.split("\n")[0].strip()
+        call = fmt.parse("Thought: t.\nAction:" + written + 'x"}')
+        assert call.name == name and list(call.arguments) == [written.split('"')[1]], call
+    with pytest.raises(ValueError, match="constrain_actions"):
+        load_format("react", schemas, constrain_arguments=True)
+
+
 def test_vllm_backend_refuses_a_constrained_slot():
     # No GPU here, so no vLLM engine: the refusal comes before the engine is touched.
     trainer = SimpleNamespace(vllm_generation=object(), processing_class=None, eos_token_ids=[2])

@@ -53,6 +53,10 @@ class ReActFormat:
             arguments out. Transformers backends only (vLLM refuses it).
         action_temperature: with `constrain_actions`, the tool's name is sampled at the sampling temperature
             times this (above 1: tools the model rates low are tried more often; greedy decoding is the same).
+        constrain_arguments: with `constrain_actions`, the `Action Input:` line also opens the named tool's JSON
+            object with its first argument's key (`{"query": "`), as function-calling servers hold arguments to
+            the tool's schema; the model writes the value and the rest. A small model otherwise passes bare
+            values or keys of its own (`{"date": ...}` to a tool whose argument is `query`), and the call fails.
     """
 
     stop = ["Observation:"]
@@ -66,6 +70,7 @@ class ReActFormat:
         response_prefix: str = "",
         constrain_actions: bool = False,
         action_temperature: float = 1.0,
+        constrain_arguments: bool = False,
     ) -> None:
         self.tool_schemas = {s["function"]["name"]: s["function"] for s in tool_schemas}
         self.instructions = instructions or DEFAULT_INSTRUCTIONS
@@ -92,8 +97,17 @@ class ReActFormat:
         self.response_prefix = response_prefix
         if action_temperature <= 0:
             raise ValueError(f"format_kwargs `action_temperature` must be above 0, got {action_temperature}")
+        if constrain_arguments and not constrain_actions:
+            raise ValueError("format_kwargs `constrain_arguments` needs `constrain_actions: true`")
         self.action_choices = (
-            ActionChoices("Action:", tuple(f" {n}\nAction Input:" for n in self.tool_schemas), action_temperature)
+            ActionChoices(
+                "Action:",
+                tuple(
+                    f" {name}\nAction Input:" + (f" {_arguments_opening(fn)}" if constrain_arguments else "")
+                    for name, fn in self.tool_schemas.items()
+                ),
+                action_temperature,
+            )
             if constrain_actions
             else None
         )
@@ -188,3 +202,15 @@ class ReActFormat:
 
     def render_observation(self, result: ToolResult, after_stop: bool) -> str:
         return f" {result.output}\n" if after_stop else f"\nObservation: {result.output}\n"
+
+
+def _arguments_opening(function: dict[str, Any]) -> str:
+    """The start of a call's JSON arguments up to its first argument's value: `{"query": "` for a string,
+    `{"n": ` for anything else, `{}` for a tool without arguments."""
+    parameters = function.get("parameters", {})
+    properties = parameters.get("properties", {})
+    if not properties:
+        return "{}"
+    key = (parameters.get("required") or list(properties))[0]
+    quote = '"' if properties.get(key, {}).get("type") == "string" else ""
+    return f'{{"{key}": {quote}'
