@@ -55,8 +55,8 @@ class ReActFormat:
             times this (above 1: tools the model rates low are tried more often; greedy decoding is the same).
         constrain_arguments: with `constrain_actions`, the `Action Input:` line also opens the named tool's JSON
             object with its first argument's key (`{"query": "`), as function-calling servers hold arguments to
-            the tool's schema; the model writes the value and the rest. A small model otherwise passes bare
-            values or keys of its own (`{"date": ...}` to a tool whose argument is `query`), and the call fails.
+            the tool's schema; the model writes the value and the rest. A small model otherwise writes keys of
+            its own (`{"date": ...}` to a tool whose argument is `query`), which the tool refuses.
     """
 
     stop = ["Observation:"]
