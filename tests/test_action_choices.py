@@ -35,14 +35,20 @@ def test_remainders_follow_what_was_written():
     assert CHOICES.remainders(" search") == []  # left every continuation: not held
 
 
+def _random_walk(mask: ActionChoiceMask, rng: random.Random) -> str:
+    """What a slot spells when each next token is drawn at random from the allowed ones, until it closes."""
+    written = ""
+    while (allowed := mask.allowed(written)) is not None:
+        written += mask.tokenizer.decode([rng.choice(allowed.tolist())])
+    return written
+
+
 def test_any_walk_through_allowed_tokens_spells_one_continuation(tokenizer):
     mask = ActionChoiceMask(tokenizer, CHOICES)
     rng = random.Random(0)
     spelled = set()
     for _ in range(60):
-        written = ""
-        while (allowed := mask.allowed(written)) is not None:
-            written += tokenizer.decode([rng.choice(allowed.tolist())])
+        written = _random_walk(mask, rng)
         assert written in CHOICES.continuations
         spelled.add(written)
     assert spelled == set(CHOICES.continuations)  # every tool stays reachable
@@ -129,9 +135,7 @@ def test_constrained_arguments_open_each_tools_json_with_its_first_key(tokenizer
     mask = ActionChoiceMask(tokenizer, fmt.action_choices)
     rng = random.Random(0)
     for _ in range(20):
-        written = ""
-        while (allowed := mask.allowed(written)) is not None:
-            written += tokenizer.decode([rng.choice(allowed.tolist())])
+        written = _random_walk(mask, rng)
         assert written in fmt.action_choices.continuations
         name = written.split("\n")[0].strip()
         call = fmt.parse("Thought: t.\nAction:" + written + 'x"}')
