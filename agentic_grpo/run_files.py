@@ -52,12 +52,15 @@ class RunFilesCallback(TrainerCallback):
             f.write(json.dumps(record) + "\n")
 
     @staticmethod
-    def write_trajectories(output_dir: str, step: int, records: list[dict[str, Any]], accelerator: Any) -> Path:
+    def write_trajectories(
+        output_dir: str, step: int, records: list[dict[str, Any]], accelerator: Any, append: bool = False
+    ) -> Path:
+        """Write (or, with `append`, add to) the step's file; returns its path."""
         folder = Path(output_dir) / "trajectories"
         folder.mkdir(parents=True, exist_ok=True)
         suffix = f".rank{accelerator.process_index}" if accelerator.num_processes > 1 else ""
         path = folder / f"step_{step:06d}{suffix}.jsonl"
-        with path.open("w") as f:
+        with path.open("a" if append else "w") as f:
             for record in records:
                 f.write(json.dumps(record, default=str) + "\n")
         return path

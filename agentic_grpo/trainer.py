@@ -161,6 +161,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             self.cotraining = CoTraining.for_trainer(self, parts.all_agents())
         self.generation_backend = generation_backend
         self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
+        self._trajectory_steps_written: set[int] = set()
         self.add_callback(RunFilesCallback(self))
         schedule = schedule_for(args)
         if schedule is not None:
@@ -381,7 +382,12 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         records = trajectory_records(inputs, advantages, error)
         if records is None:
             return None
-        path = RunFilesCallback.write_trajectories(self.args.output_dir, step, records, self.accelerator)
+        # An optimizer step that generates more than once (gradient accumulation with a smaller
+        # steps_per_generation) adds each generation's trajectories to its file rather than replacing them.
+        path = RunFilesCallback.write_trajectories(
+            self.args.output_dir, step, records, self.accelerator, append=step in self._trajectory_steps_written
+        )
+        self._trajectory_steps_written.add(step)
         if error is None and wandb_reporting(self.args):
             log_trajectory_table(step, records, self.accelerator)
         return path

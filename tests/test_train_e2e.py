@@ -57,6 +57,20 @@ def test_trajectory_files_hold_segments_rewards_and_advantages(ci_run):
     assert first["row"]["answer"].isdigit()
 
 
+def test_a_step_that_generates_twice_keeps_both_generations_trajectories(tmp_path):
+    # gradient accumulation over two microbatches, each generated on its own (steps_per_generation 1): one
+    # optimizer step sees two questions, and its trajectory file must hold both groups, not the last one only
+    out = tmp_path / "accumulated"
+    result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--max_steps", "1",
+                   "--gradient_accumulation_steps", "2", "--steps_per_generation", "1", "--save_steps", "10")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = sorted((out / "trajectories").glob("step_*.jsonl"))
+    assert [f.name for f in files] == ["step_000001.jsonl"]
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    assert len(records) == 8  # two questions x G=4
+    assert len({r["row"]["question"] for r in records}) == 2
+
+
 def test_run_is_marked_completed_with_a_checkpoint_and_summary(ci_run):
     out, result = ci_run
     assert json.loads((out / "run.json").read_text())["status"] == "completed"
