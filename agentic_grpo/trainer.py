@@ -161,7 +161,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             self.cotraining = CoTraining.for_trainer(self, parts.all_agents())
         self.generation_backend = generation_backend
         self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
-        self._trajectory_steps_written: set[int] = set()
+        self._last_trajectory_step: int | None = None  # the step whose trajectory file was written last
         self.add_callback(RunFilesCallback(self))
         schedule = schedule_for(args)
         if schedule is not None:
@@ -385,9 +385,9 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         # An optimizer step that generates more than once (gradient accumulation with a smaller
         # steps_per_generation) adds each generation's trajectories to its file rather than replacing them.
         path = RunFilesCallback.write_trajectories(
-            self.args.output_dir, step, records, self.accelerator, append=step in self._trajectory_steps_written
+            self.args.output_dir, step, records, self.accelerator, append=step == self._last_trajectory_step
         )
-        self._trajectory_steps_written.add(step)
+        self._last_trajectory_step = step
         if error is None and wandb_reporting(self.args):
             log_trajectory_table(step, records, self.accelerator)
         return path
