@@ -149,6 +149,7 @@ def toolbox_tasks(
     kinds: list[str] | tuple[str, ...] = KINDS,
     expected: dict[str, str | list[str]] | None = None,
     test_fraction: float = 0.2,
+    train_order: list[str] | tuple[str, ...] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows `{question, answer, expected_tools, kind}` for train and test, the kinds in turn.
 
@@ -157,6 +158,9 @@ def toolbox_tasks(
         expected: kind -> the tool or sub-agent name(s) that should answer it, instead of the toolbox's tool
             (a routing recipe names its specialists here).
         test_fraction: the share of each kind's facts that belong to the test split.
+        train_order: a pattern of kinds the train split follows, repeated (a curriculum: a kind named twice
+            comes twice as often). The rows drawn and the test split are the same as without it; the train
+            split ends early if a kind named in the pattern runs out of rows.
     """
     unknown = sorted(set(kinds) - set(GENERATORS))
     if unknown or not kinds:
@@ -166,6 +170,11 @@ def toolbox_tasks(
         if kind not in names:
             raise ValueError(f"toolbox_tasks: `expected` names kind `{kind}`, which is not among {list(kinds)}")
         names[kind] = [value] if isinstance(value, str) else list(value)
+    unordered = sorted(set(train_order or ()) - set(kinds))
+    if unordered or (train_order is not None and not train_order):
+        raise ValueError(
+            f"toolbox_tasks: `train_order` must name some of {list(kinds)}, got {list(train_order or [])}"
+        )
     rng = random.Random(seed)
     per_kind = {split: math.ceil(wanted / len(kinds)) for split, wanted in (("train", num_train), ("test", num_test))}
     drawn: dict[str, dict[str, list[dict[str, Any]]]] = {"train": {}, "test": {}}
@@ -187,7 +196,22 @@ def toolbox_tasks(
                              "(too few facts): lower num_test or raise test_fraction")  # fmt: skip
         for split in rows:
             drawn[split][kind] = rows[split]
-    return {
+    splits = {
         split: [row for group in itertools.zip_longest(*drawn[split].values()) for row in group if row][:wanted]
         for split, wanted in (("train", num_train), ("test", num_test))
     }
+    if train_order:
+        splits["train"] = _follow(train_order, drawn["train"], num_train)
+    return splits
+
+
+def _follow(pattern: list[str] | tuple[str, ...], rows: dict[str, list[dict[str, Any]]], wanted: int) -> list[dict]:
+    """Each kind's rows in turn as `pattern` names them, repeated, until `wanted` rows or a kind runs out."""
+    left = {kind: iter(kind_rows) for kind, kind_rows in rows.items()}
+    ordered: list[dict[str, Any]] = []
+    for kind in itertools.islice(itertools.cycle(pattern), wanted):
+        row = next(left[kind], None)
+        if row is None:
+            break
+        ordered.append(row)
+    return ordered
