@@ -196,13 +196,12 @@ def toolbox_tasks(
                              "(too few facts): lower num_test or raise test_fraction")  # fmt: skip
         for split in rows:
             drawn[split][kind] = rows[split]
-    splits = {
-        split: [row for group in itertools.zip_longest(*drawn[split].values()) for row in group if row][:wanted]
+    # Without a pattern the kinds come in turn; each kind drew the same number of rows, so none runs out early.
+    order = {"train": train_order or kinds, "test": kinds}
+    return {
+        split: _follow(order[split], drawn[split], wanted)
         for split, wanted in (("train", num_train), ("test", num_test))
     }
-    if train_order:
-        splits["train"] = _follow(train_order, drawn["train"], num_train)
-    return splits
 
 
 def _follow(pattern: list[str] | tuple[str, ...], rows: dict[str, list[dict[str, Any]]], wanted: int) -> list[dict]:
