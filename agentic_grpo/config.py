@@ -155,6 +155,18 @@ class AgenticGRPOConfig(GRPOConfig):
             "rollouts' `tools/*` metrics count the held choices. Needs `format_kwargs: {constrain_actions: true}`."
         },
     )
+    guide_first_action: int = field(
+        default=0,
+        metadata={
+            "help": "In training rollouts, hold the first action of this many of a GRPO group's G trajectories to "
+            "the tool its row expects (the `expected_tools` column); the other trajectories choose for themselves. "
+            "Every group then has a sample on the right tool to compare the others with, where a small model's "
+            "sharp preferences keep a group from trying it (the held name is not the policy's sample: off-policy, "
+            "as `action_temperature` is). Rows that name no tool are not held. Evaluation is unchanged; the "
+            "training rollouts' `tools/*` metrics count the held choices. Needs "
+            "`format_kwargs: {constrain_actions: true}`, below `num_generations`, not with `spread_first_action`."
+        },
+    )
     save_trajectories_steps: int = field(
         default=1,
         metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},
@@ -235,6 +247,13 @@ class AgenticGRPOConfig(GRPOConfig):
             raise ValueError(f"turn_lambda must be >= 0, got {self.turn_lambda}")
         if self.on_reward_error not in ("raise", "none"):
             raise ValueError(f"on_reward_error must be `raise` or `none`, got `{self.on_reward_error}`")
+        if not 0 <= self.guide_first_action < self.num_generations:
+            raise ValueError(
+                f"guide_first_action must be from 0 to num_generations - 1 ({self.num_generations - 1}): one "
+                f"trajectory of a group at least chooses for itself; got {self.guide_first_action}"
+            )
+        if self.guide_first_action and self.spread_first_action:
+            raise ValueError("guide_first_action and spread_first_action both hold first actions: set one of them")
         if self.wandb_mode not in (None, "online", "offline", "disabled"):
             raise ValueError(f"wandb_mode must be `online`, `offline` or `disabled`, got `{self.wandb_mode}`")
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentic_grpo.action_choices import SPREAD_NEEDS_CONSTRAINED_SLOT, spread_over_groups
+from agentic_grpo.action_choices import HELD_ACTIONS_NEED_CONSTRAINED_SLOT, guide_to_expected, spread_over_groups
 from agentic_grpo.backends import GenerationBackend
 from agentic_grpo.environment import SANDBOX_GRACE_S, ToolEnvironment
 from agentic_grpo.formats import FinalAnswer, Malformed, TrajectoryFormat
@@ -108,21 +108,24 @@ class RolloutManager:
         rows: list[dict[str, Any]],
         backend: GenerationBackend,
         spread_first_action: bool = False,
+        guide_first_action: int = 0,
     ) -> tuple[list[Trajectory], RolloutStats]:
         """One trajectory per prompt (prompts arrive already repeated G times per query).
 
         With `spread_first_action` (and a format that constrains its action slot), the first action of the
-        trajectories that share a prompt is spread over the choices (`agentic_grpo.action_choices`)."""
+        trajectories that share a prompt is spread over the choices; with `guide_first_action`, that many of them
+        take the row's expected tool (`agentic_grpo.action_choices`)."""
         stats = RolloutStats()
         trajectories = [self._start(prompt) for prompt in prompts]
         choices = getattr(self.format, "action_choices", None)
-        if spread_first_action and choices is None:
-            raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
-        first = (
-            spread_over_groups([tuple(t.prompt_ids) for t in trajectories], choices.continuations)
-            if spread_first_action
-            else None
-        )
+        if (spread_first_action or guide_first_action) and choices is None:
+            raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
+        groups = [tuple(t.prompt_ids) for t in trajectories]
+        first = None
+        if spread_first_action:
+            first = spread_over_groups(groups, choices.continuations)
+        elif guide_first_action:
+            first = guide_to_expected(groups, rows, choices, guide_first_action)
         environments: list[tuple[ToolEnvironment, Any]] = []
         # A backend that keeps each trajectory's keys and values does so for this rollout only.
         session = getattr(backend, "session", contextlib.nullcontext)

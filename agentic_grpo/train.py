@@ -66,7 +66,7 @@ def prepare(argv: list[str]) -> PreparedRun:
     from transformers import set_seed
     from trl import get_peft_config
 
-    from agentic_grpo.action_choices import SPREAD_NEEDS_CONSTRAINED_SLOT
+    from agentic_grpo.action_choices import HELD_ACTIONS_NEED_CONSTRAINED_SLOT
     from agentic_grpo.data import add_prompts
     from agentic_grpo.models import resolve_model
     from agentic_grpo.run_parts import build_recipe
@@ -90,8 +90,10 @@ def prepare(argv: list[str]) -> PreparedRun:
     check_trainer_setup(config, rewards)
     if config.use_vllm and getattr(parts.trajectory_format, "action_choices", None):
         raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code
-    if config.spread_first_action and not getattr(parts.trajectory_format, "action_choices", None):
-        raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
+    if (config.spread_first_action or config.guide_first_action) and not getattr(
+        parts.trajectory_format, "action_choices", None
+    ):
+        raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
     train, test = built.train, built.test
     if config.eval_strategy != "no" and test is None:
         raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")

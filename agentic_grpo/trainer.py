@@ -235,8 +235,10 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             raise RuntimeError("rollout called outside `_generate_and_score_completions`, or with other prompts")
         backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
         # Passed only when set, so a rollout manager written before it (a benchmark's replay) still plugs in.
-        spread = {"spread_first_action": True} if self.args.spread_first_action else {}
-        trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend, **spread)
+        held = {"spread_first_action": True} if self.args.spread_first_action else {}
+        if self.args.guide_first_action:
+            held["guide_first_action"] = self.args.guide_first_action
+        trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend, **held)
         self._log_rollout(trajectories, stats)
         log_selection_metrics(self, trajectories, rows)
         if self.rollout_parts.agents:

@@ -38,6 +38,12 @@ class ActionChoices:
     marker: str
     continuations: tuple[str, ...]
     temperature: float = 1.0
+    names: tuple[str, ...] = ()
+    """The tool each continuation calls, in the same order (empty when the format does not say)."""
+
+    def continuation_of(self, name: str) -> str | None:
+        """The continuation that calls the tool `name`, or None when no continuation is known to."""
+        return self.continuations[self.names.index(name)] if name in self.names else None
 
     def remainders(self, written: str, among: tuple[str, ...] | None = None) -> list[str]:
         """What is left to write of each continuation (of `among`, when given) that `written` (the text after

@@ -107,6 +107,7 @@ class ReActFormat:
                     for name, fn in self.tool_schemas.items()
                 ),
                 action_temperature,
+                tuple(self.tool_schemas),
             )
             if constrain_actions
             else None
