@@ -22,10 +22,11 @@ times); the rest of every turn is the model's own sample.
 
 Guiding a group's first actions (`guide_to_expected`, `AgenticGRPOConfig.guide_first_action`): spreading holds
 most of a group to wrong tools, whose calls then fail and their arguments are trained down with them (the
-toolbox: strict accuracy fell to 4.2%). When the rows name their tool (`expected_tools`), it is enough to hold
-one or two of the G rows to it: every group then has a sample on the right tool for its advantage to compare
-with what the other rows chose themselves. It is the row's label steering exploration, as a hint would; what is
-paid is still what the rewards say the trajectory earned.
+toolbox: strict accuracy fell to 4.2%). When the rows name their tool (`expected_tools`), holding one or two of
+the G rows to it gives every group a sample on the right tool for its advantage to compare with what the other
+rows chose themselves. It is the row's label steering exploration, as a hint would; what is paid is still what
+the rewards say the trajectory earned. On the toolbox (one held row of eight) every group found its tool, and
+the policy still drifted to one tool for most kinds (README, "Choosing tools and routing to specialists").
 """
 
 from __future__ import annotations
