@@ -163,8 +163,10 @@ def guide_to_expected(
         raise ValueError(f"`guide_first_action` must be 0 or more, got {per_group}")
     assigned: list[str | None] = [None] * len(groups)
     for members in _members(groups):
-        held = members[len(members) - min(per_group, len(members) - 1) :] if len(members) > 1 else []
         targets = [c for name in sorted(expected_tools(rows[members[0]])) if (c := choices.continuation_of(name))]
-        for k, row in enumerate(held if targets else []):
+        if not targets:
+            continue
+        held = members[len(members) - min(per_group, len(members) - 1) :]  # a lone row: none held
+        for k, row in enumerate(held):
             assigned[row] = targets[k % len(targets)]
     return assigned

@@ -120,12 +120,11 @@ class RolloutManager:
         choices = getattr(self.format, "action_choices", None)
         if (spread_first_action or guide_first_action) and choices is None:
             raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
-        groups = [tuple(t.prompt_ids) for t in trajectories]
         first = None
         if spread_first_action:
-            first = spread_over_groups(groups, choices.continuations)
+            first = spread_over_groups([tuple(t.prompt_ids) for t in trajectories], choices.continuations)
         elif guide_first_action:
-            first = guide_to_expected(groups, rows, choices, guide_first_action)
+            first = guide_to_expected([tuple(t.prompt_ids) for t in trajectories], rows, choices, guide_first_action)
         environments: list[tuple[ToolEnvironment, Any]] = []
         # A backend that keeps each trajectory's keys and values does so for this rollout only.
         session = getattr(backend, "session", contextlib.nullcontext)
