@@ -26,7 +26,7 @@ toolbox: strict accuracy fell to 4.2%). When the rows name their tool (`expected
 the G rows to it gives every group a sample on the right tool for its advantage to compare with what the other
 rows chose themselves. It is the row's label steering exploration, as a hint would; what is paid is still what
 the rewards say the trajectory earned. On the toolbox (one held row of eight) every group found its tool, and
-the policy still drifted to one tool for most kinds (README, "Choosing tools and routing to specialists").
+the policy still drifted to one tool for most kinds (benchmarks/RUNS.md).
 """
 
 from __future__ import annotations
