@@ -117,14 +117,16 @@ class RolloutManager:
         take the row's expected tool (`agentic_grpo.action_choices`)."""
         stats = RolloutStats()
         trajectories = [self._start(prompt) for prompt in prompts]
-        choices = getattr(self.format, "action_choices", None)
-        if (spread_first_action or guide_first_action) and choices is None:
-            raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
         first = None
-        if spread_first_action:
-            first = spread_over_groups([tuple(t.prompt_ids) for t in trajectories], choices.continuations)
-        elif guide_first_action:
-            first = guide_to_expected([tuple(t.prompt_ids) for t in trajectories], rows, choices, guide_first_action)
+        if spread_first_action or guide_first_action:
+            choices = getattr(self.format, "action_choices", None)
+            if choices is None:
+                raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
+            groups = [tuple(t.prompt_ids) for t in trajectories]
+            if spread_first_action:
+                first = spread_over_groups(groups, choices.continuations)
+            else:
+                first = guide_to_expected(groups, rows, choices, guide_first_action)
         environments: list[tuple[ToolEnvironment, Any]] = []
         # A backend that keeps each trajectory's keys and values does so for this rollout only.
         session = getattr(backend, "session", contextlib.nullcontext)
