@@ -167,6 +167,23 @@ class AgenticGRPOConfig(GRPOConfig):
             "`format_kwargs: {constrain_actions: true}`, below `num_generations`, not with `spread_first_action`."
         },
     )
+    curriculum_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Draw training prompts by kind, the kinds the policy does worst on most often: this names the "
+            "dataset column holding each row's kind. Each kind's score is a moving mean of `curriculum_reward` "
+            "over its trajectories (a value in [0, 1]); a kind comes in proportion to 1 - score + 0.15, and a "
+            "batch's prompts are of different kinds where there are enough kinds. Replaces the dataset's order "
+            "(`shuffle_dataset` is ignored); needs `max_steps`. See agentic_grpo.curriculum."
+        },
+    )
+    curriculum_reward: str | None = field(
+        default=None,
+        metadata={
+            "help": "The reward (by name, as logged under rewards/<name>) whose mean per kind steers "
+            "`curriculum_column`; unset: the weighted sum of all rewards."
+        },
+    )
     save_trajectories_steps: int = field(
         default=1,
         metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},
@@ -254,6 +271,10 @@ class AgenticGRPOConfig(GRPOConfig):
             )
         if self.guide_first_action and self.spread_first_action:
             raise ValueError("guide_first_action and spread_first_action both hold first actions: set one of them")
+        if self.curriculum_column is not None and self.max_steps <= 0:
+            raise ValueError("curriculum_column draws prompts without end (no epochs): set max_steps")
+        if self.curriculum_reward is not None and self.curriculum_column is None:
+            raise ValueError("curriculum_reward steers a curriculum: set curriculum_column too")
         if self.wandb_mode not in (None, "online", "offline", "disabled"):
             raise ValueError(f"wandb_mode must be `online`, `offline` or `disabled`, got `{self.wandb_mode}`")
 

@@ -28,6 +28,7 @@ from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.clipped import log_clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
+from agentic_grpo.curriculum import AdaptiveCurriculum, CurriculumSampler
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
@@ -44,6 +45,25 @@ from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
 # We use `rollout_func` on purpose; TRL's "experimental" banner would only alarm users.
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def check_curriculum_column(args: AgenticGRPOConfig, train_dataset: Any) -> None:
+    """Refuse a `curriculum_column` the training data does not have."""
+    columns = getattr(train_dataset, "column_names", None)
+    if args.curriculum_column is not None and (columns is None or args.curriculum_column not in columns):
+        raise ValueError(
+            f"`curriculum_column: {args.curriculum_column}` names no column of the training data (columns: {columns})"
+        )
+
+
+def curriculum_for(args: AgenticGRPOConfig, train_dataset: Any, reward_names: list[str]) -> AdaptiveCurriculum | None:
+    """The recipe's adaptive curriculum (`curriculum_column`), or None; refuses a reward that is not there."""
+    if args.curriculum_column is None:
+        return None
+    check_curriculum_column(args, train_dataset)
+    if args.curriculum_reward is not None and args.curriculum_reward not in reward_names:
+        raise ValueError(f"`curriculum_reward: {args.curriculum_reward}` is not one of the rewards {reward_names}")
+    return AdaptiveCurriculum(train_dataset[args.curriculum_column], args.curriculum_reward)
 
 
 def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -> None:
@@ -142,10 +162,12 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             )
         self.rollout_parts = parts
         self.trajectory_format = parts.trajectory_format
+        check_curriculum_column(args, train_dataset)  # before the model loads
         super().__init__(
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
             rollout_func=self._rollout, **kwargs,
         )  # fmt: skip
+        self.curriculum = curriculum_for(args, train_dataset, self.reward_func_names)
         # TRL's `mask_truncated_completions` tests the last token (not EOS = cut), which mislabels
         # trajectories ending on a stop string or out of turns; we mask by finish reason in `env_mask`.
         self.mask_truncated_by_finish_reason = self.mask_truncated_completions
@@ -166,6 +188,17 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         schedule = schedule_for(args)
         if schedule is not None:
             self.add_callback(AdaptiveKLCallback(self, schedule))
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        """TRL's sampler, or with `curriculum_column` one that draws each batch's kinds by their live scores."""
+        if self.curriculum is None or (dataset is not None and dataset is not self.train_dataset):
+            return super()._get_train_sampler(dataset)
+        return CurriculumSampler(
+            self.curriculum,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+        )
 
     # --- one generation: rows in, trajectories out -------------------------------------
 
@@ -284,7 +317,18 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
                 for name, score in zip(self.reward_func_names, scores, strict=True)
             }
             trajectory.reward = reward  # what the advantage was computed from (a None counted as its group's mean)
+        if self.curriculum is not None and mode == "train":
+            self._observe_curriculum(inputs, rewards, (filled * weights).nansum(dim=1))
         return filled
+
+    def _observe_curriculum(self, inputs: list[dict[str, Any]], rewards: torch.Tensor, total: torch.Tensor) -> None:
+        """Fold every process's scored rows into the curriculum (the same on every process) and log its scores."""
+        kinds = gather_object([row[self.args.curriculum_column] for row in inputs])
+        name = self.curriculum.reward_name
+        scores = rewards[:, self.reward_func_names.index(name)] if name is not None else total
+        self.curriculum.observe(kinds, scores.tolist())
+        for key, value in self.curriculum.metrics().items():
+            self._metrics["train"][key].append(value)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss for the policy's rows, plus each co-trained sub-agent's loss over those rows' children (computed
