@@ -57,10 +57,10 @@ def check_curriculum_column(args: AgenticGRPOConfig, train_dataset: Any) -> None
 
 
 def curriculum_for(args: AgenticGRPOConfig, train_dataset: Any, reward_names: list[str]) -> AdaptiveCurriculum | None:
-    """The recipe's adaptive curriculum (`curriculum_column`), or None; refuses a reward that is not there."""
+    """The recipe's adaptive curriculum (`curriculum_column`, whose column `check_curriculum_column` has checked), or
+    None; refuses a reward that is not there."""
     if args.curriculum_column is None:
         return None
-    check_curriculum_column(args, train_dataset)
     if args.curriculum_reward is not None and args.curriculum_reward not in reward_names:
         raise ValueError(f"`curriculum_reward: {args.curriculum_reward}` is not one of the rewards {reward_names}")
     return AdaptiveCurriculum(train_dataset[args.curriculum_column], args.curriculum_reward)
@@ -309,7 +309,8 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         weights = self.reward_weights.to(rewards.device)
         first = self.accelerator.process_index * len(inputs)  # `rewards` holds every process's rows
         local = slice(first, first + len(inputs))
-        trained = (filled[local] * weights).nansum(dim=1).tolist()
+        totals = (filled * weights).nansum(dim=1)  # every process's rows: the curriculum reads them all
+        trained = totals[local].tolist()
         for row, scores, reward in zip(inputs, rewards[local].tolist(), trained, strict=True):
             trajectory = row["trajectory"]
             trajectory.rewards = {  # as the rewards gave them: None stays None in the trajectory files
@@ -318,7 +319,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             }
             trajectory.reward = reward  # what the advantage was computed from (a None counted as its group's mean)
         if self.curriculum is not None and mode == "train":
-            self._observe_curriculum(inputs, rewards, (filled * weights).nansum(dim=1))
+            self._observe_curriculum(inputs, rewards, totals)
         return filled
 
     def _observe_curriculum(self, inputs: list[dict[str, Any]], rewards: torch.Tensor, total: torch.Tensor) -> None:
