@@ -22,6 +22,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import Sampler
 
 FLOOR = 0.15  # the least weight a kind keeps, against a most-wanted kind's 1 + FLOOR
@@ -34,12 +35,14 @@ class AdaptiveCurriculum:
     Args:
         kinds: each row's kind, in dataset order.
         reward_name: the reward whose mean per kind is its score (None: every reward's weighted sum).
+        column: the dataset column the kinds came from (the trainer reads each scored row's kind from it).
     """
 
-    def __init__(self, kinds: Sequence[str], reward_name: str | None = None) -> None:
+    def __init__(self, kinds: Sequence[str], reward_name: str | None = None, column: str = "kind") -> None:
         if not kinds:
             raise ValueError("an adaptive curriculum needs rows to draw from")
         self.reward_name = reward_name
+        self.column = column
         self.rows: dict[str, list[int]] = {}
         for index, kind in enumerate(kinds):
             self.rows.setdefault(str(kind), []).append(index)
@@ -85,6 +88,18 @@ class AdaptiveCurriculum:
             old = self.scores[kind]
             self.scores[kind] = mean if old is None else MOMENTUM * old + (1 - MOMENTUM) * mean
 
+    def scores_of(self, rewards: torch.Tensor, totals: torch.Tensor, reward_names: Sequence[str]) -> list[float]:
+        """Each trajectory's score: its `reward_name` column of `rewards` (trajectories x rewards), or its weighted
+        total when the curriculum follows no one reward."""
+        if self.reward_name is None:
+            return totals.tolist()
+        return rewards[:, list(reward_names).index(self.reward_name)].tolist()
+
+    def sampler(self, num_generations: int, generation_batch_size: int, repeat_count: int) -> CurriculumSampler:
+        """A sampler in TRL's layout: `generation_batch_size // num_generations` prompts a batch, each repeated
+        `num_generations` times, each batch `repeat_count` times (TRL: num_iterations * steps_per_generation)."""
+        return CurriculumSampler(self, num_generations, generation_batch_size // num_generations, repeat_count)
+
     def metrics(self) -> dict[str, float]:
         """`curriculum/<kind>/score` (scored kinds) and `curriculum/<kind>/drawn` (prompts drawn so far)."""
         out = {f"curriculum/{kind}/score": score for kind, score in self.scores.items() if score is not None}
@@ -115,3 +130,22 @@ class CurriculumSampler(Sampler):
         # The Trainer sizes an epoch from this; `max_steps` ends the run first.
         rows = sum(len(rows) for rows in self.curriculum.rows.values())
         return rows * self.mini_repeat_count * self.repeat_count
+
+
+def check_curriculum_column(column: str | None, train_dataset: Any) -> None:
+    """Refuse a `curriculum_column` the training data does not have (called before the model loads)."""
+    columns = getattr(train_dataset, "column_names", None)
+    if column is not None and (columns is None or column not in columns):
+        raise ValueError(f"`curriculum_column: {column}` names no column of the training data (columns: {columns})")
+
+
+def curriculum_for(args: Any, train_dataset: Any, reward_names: Sequence[str]) -> AdaptiveCurriculum | None:
+    """The curriculum a config asks for (`curriculum_column`, `curriculum_reward`), or None; refuses a reward that is
+    not among `reward_names`. The column is `check_curriculum_column`'s to check."""
+    if args.curriculum_column is None:
+        return None
+    if args.curriculum_reward is not None and args.curriculum_reward not in reward_names:
+        raise ValueError(
+            f"`curriculum_reward: {args.curriculum_reward}` is not one of the rewards {list(reward_names)}"
+        )
+    return AdaptiveCurriculum(train_dataset[args.curriculum_column], args.curriculum_reward, args.curriculum_column)

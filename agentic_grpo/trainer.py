@@ -28,7 +28,7 @@ from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.clipped import log_clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.curriculum import AdaptiveCurriculum, CurriculumSampler
+from agentic_grpo.curriculum import check_curriculum_column, curriculum_for
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
@@ -45,25 +45,6 @@ from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
 # We use `rollout_func` on purpose; TRL's "experimental" banner would only alarm users.
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
-
-def check_curriculum_column(args: AgenticGRPOConfig, train_dataset: Any) -> None:
-    """Refuse a `curriculum_column` the training data does not have."""
-    columns = getattr(train_dataset, "column_names", None)
-    if args.curriculum_column is not None and (columns is None or args.curriculum_column not in columns):
-        raise ValueError(
-            f"`curriculum_column: {args.curriculum_column}` names no column of the training data (columns: {columns})"
-        )
-
-
-def curriculum_for(args: AgenticGRPOConfig, train_dataset: Any, reward_names: list[str]) -> AdaptiveCurriculum | None:
-    """The recipe's adaptive curriculum (`curriculum_column`, whose column `check_curriculum_column` has checked), or
-    None; refuses a reward that is not there."""
-    if args.curriculum_column is None:
-        return None
-    if args.curriculum_reward is not None and args.curriculum_reward not in reward_names:
-        raise ValueError(f"`curriculum_reward: {args.curriculum_reward}` is not one of the rewards {reward_names}")
-    return AdaptiveCurriculum(train_dataset[args.curriculum_column], args.curriculum_reward)
 
 
 def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -> None:
@@ -162,7 +143,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             )
         self.rollout_parts = parts
         self.trajectory_format = parts.trajectory_format
-        check_curriculum_column(args, train_dataset)  # before the model loads
+        check_curriculum_column(args.curriculum_column, train_dataset)  # before the model loads
         super().__init__(
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
             rollout_func=self._rollout, **kwargs,
@@ -193,11 +174,8 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         """TRL's sampler, or with `curriculum_column` one that draws each batch's kinds by their live scores."""
         if self.curriculum is None or (dataset is not None and dataset is not self.train_dataset):
             return super()._get_train_sampler(dataset)
-        return CurriculumSampler(
-            self.curriculum,
-            mini_repeat_count=self.num_generations,
-            batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
+        return self.curriculum.sampler(
+            self.num_generations, self.args.generation_batch_size, self.num_iterations * self.args.steps_per_generation
         )
 
     # --- one generation: rows in, trajectories out -------------------------------------
@@ -318,18 +296,12 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
                 for name, score in zip(self.reward_func_names, scores, strict=True)
             }
             trajectory.reward = reward  # what the advantage was computed from (a None counted as its group's mean)
-        if self.curriculum is not None and mode == "train":
-            self._observe_curriculum(inputs, rewards, totals)
+        if self.curriculum is not None and mode == "train":  # every process folds in every process's rows
+            kinds = gather_object([row[self.curriculum.column] for row in inputs])
+            self.curriculum.observe(kinds, self.curriculum.scores_of(rewards, totals, self.reward_func_names))
+            for key, value in self.curriculum.metrics().items():
+                self._metrics["train"][key].append(value)
         return filled
-
-    def _observe_curriculum(self, inputs: list[dict[str, Any]], rewards: torch.Tensor, total: torch.Tensor) -> None:
-        """Fold every process's scored rows into the curriculum (the same on every process) and log its scores."""
-        kinds = gather_object([row[self.args.curriculum_column] for row in inputs])
-        name = self.curriculum.reward_name
-        scores = rewards[:, self.reward_func_names.index(name)] if name is not None else total
-        self.curriculum.observe(kinds, scores.tolist())
-        for key, value in self.curriculum.metrics().items():
-            self._metrics["train"][key].append(value)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss for the policy's rows, plus each co-trained sub-agent's loss over those rows' children (computed
