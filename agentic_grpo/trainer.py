@@ -277,10 +277,10 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         return None
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        mode = "train" if self.model.training else "eval"
         start = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._metrics["train" if self.model.training else "eval"]["time/reward"].append(time.perf_counter() - start)
-        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["time/reward"].append(time.perf_counter() - start)
         filled = fill_missing_with_group_mean(
             rewards, self.num_generations if mode == "train" else self.num_generations_eval
         )
