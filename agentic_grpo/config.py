@@ -167,6 +167,16 @@ class AgenticGRPOConfig(GRPOConfig):
             "`format_kwargs: {constrain_actions: true}`, below `num_generations`, not with `spread_first_action`."
         },
     )
+    action_token_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Multiply the advantage of the tokens that write a tool's name in an action slot (ReAct's "
+            "`Action: <name>`) by this, so the choice of tool weighs that many tokens in the loss; the thought, "
+            "arguments and answer keep weight 1. The name is one or two of the ~50 tokens a trajectory trains, and "
+            "averaged with them it barely moves the choice (agentic_grpo.action_weight). Needs "
+            "`format_kwargs: {constrain_actions: true}` (the format's action slot says where the names are)."
+        },
+    )
     curriculum_column: str | None = field(
         default=None,
         metadata={
@@ -271,6 +281,8 @@ class AgenticGRPOConfig(GRPOConfig):
             )
         if self.guide_first_action and self.spread_first_action:
             raise ValueError("guide_first_action and spread_first_action both hold first actions: set one of them")
+        if self.action_token_weight <= 0:
+            raise ValueError(f"action_token_weight must be above 0, got {self.action_token_weight}")
         if self.curriculum_column is not None and self.max_steps <= 0:
             raise ValueError("curriculum_column draws prompts without end (no epochs): set max_steps")
         if self.curriculum_reward is not None and self.curriculum_column is None:
