@@ -13,6 +13,14 @@ itself writes the marker, and is a matter of text (any tokenization of "Action: 
 the one the model prefers included). The mask is one logits processor, used by the transformers backends;
 the slot itself (`ActionChoices`) is part of a format's contract (`agentic_grpo.formats`).
 
+Canonical slots (`ActionChoices.canonical`, ReAct's `canonical_actions`): by default any tokens that spell a
+continuation may be written, so the choice can be carried by a fragment: " " then "lookup", or " l" then
+"ookup". Greedy decoding then picks the likeliest fragment, and GRPO trains whichever tokens were sampled. On
+the toolbox (seed 2), training moved the slot's first token to a lone " " (in 27 of 65 held-out turns after a
+run with a KL penalty, in all 69 with `action_token_weight: 10`), and the tool was then chosen by the token
+after it, a context in which the right tool had barely been trained (benchmarks/RUNS.md). A canonical slot follows each continuation's own tokenization, as a grammar over token
+ids would: the choice is one token among the tools' first tokens.
+
 Spreading a group's first actions (`spread_over_groups`, `AgenticGRPOConfig.spread_first_action`): a GRPO group
 learns which tool is right only if one of its G samples tries it. A small model's preferences are sharp and
 shared across a group, so a group of 8 samples of a question about words may never call `string_tool`
@@ -64,6 +72,11 @@ class ActionChoiceMask:
             if (piece := tokenizer.decode([token_id])) and set(piece) <= alphabet
         ]
         self._allowed: dict[tuple[str, tuple[str, ...] | None], torch.Tensor] = {}
+        # Each continuation's own tokens, and the text each prefix of them spells (`canonical` slots).
+        self._canonical = {}
+        for continuation in choices.continuations if choices.canonical else ():
+            ids = tokenizer.encode(continuation, add_special_tokens=False)
+            self._canonical[continuation] = [(tokenizer.decode(ids[:k]), ids[k]) for k in range(len(ids))]
 
     def allowed(self, written: str, among: tuple[str, ...] | None = None) -> torch.Tensor | None:
         """Token ids that may come next after `written` in the slot (held to the continuations `among`, when
@@ -73,9 +86,17 @@ class ActionChoiceMask:
             remainders = self.choices.remainders(written, among)
             if not remainders:
                 return None
-            ids = sorted({t for t, piece in self._pieces if any(r.startswith(piece) for r in remainders)})
+            ids = sorted(self._canonical_next(written, among)) or sorted(
+                {t for t, piece in self._pieces if any(r.startswith(piece) for r in remainders)}
+            )
             self._allowed[key] = torch.tensor(ids, dtype=torch.long)
         return self._allowed[key]
+
+    def _canonical_next(self, written: str, among: tuple[str, ...] | None) -> set[int]:
+        """The next token of each continuation whose own tokens spell `written` so far; empty when the slot is
+        not canonical or `written` ends inside one of those tokens (the slot began mid-token: any spelling)."""
+        candidates = self.choices.continuations if among is None else among
+        return {token for c in candidates for prefix, token in self._canonical.get(c, ()) if prefix == written}
 
     def slot_text(self, text: str) -> str | None:
         """The text after the turn's last marker, or None when the turn has no marker yet."""

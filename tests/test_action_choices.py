@@ -54,6 +54,28 @@ def test_any_walk_through_allowed_tokens_spells_one_continuation(tokenizer):
     assert spelled == set(CHOICES.continuations)  # every tool stays reachable
 
 
+def test_a_canonical_slot_follows_each_continuations_own_tokens(tokenizer):
+    canonical = dataclasses.replace(CHOICES, canonical=True)
+    mask = ActionChoiceMask(tokenizer, canonical)
+    own = {c: tokenizer.encode(c, add_special_tokens=False) for c in CHOICES.continuations}
+    assert sorted(mask.allowed("").tolist()) == sorted({ids[0] for ids in own.values()})  # one token per tool
+    rng = random.Random(0)
+    for _ in range(20):  # every walk is one continuation's own tokens, token for token
+        written, walked = "", []
+        while (allowed := mask.allowed(written)) is not None:
+            walked.append(rng.choice(allowed.tolist()))
+            written = tokenizer.decode(walked)
+        assert walked == own[written]
+    # the free slot lets a fragment carry the choice; the canonical one does not
+    firsts = {ids[0] for ids in own.values()}
+    fragment = next(t for t in ActionChoiceMask(tokenizer, CHOICES).allowed("").tolist() if t not in firsts)
+    assert fragment not in mask.allowed("").tolist()
+    # a slot that began inside a token (written text on no token boundary of a continuation) spells freely
+    first = tokenizer.decode(own[" calculator\nAction Input:"][:1])
+    assert len(first) > 2 and mask.allowed(first[:2]) is not None
+    assert ActionChoices("A:", ("x",)).canonical is False  # free unless asked
+
+
 def test_processor_masks_only_rows_inside_a_slot(tokenizer):
     processor = ActionChoiceProcessor(ActionChoiceMask(tokenizer, dataclasses.replace(CHOICES, temperature=2.0)))
     context = tokenizer("Question: what is 2 + 2?\n")["input_ids"]
@@ -111,6 +133,9 @@ def test_generation_after_the_marker_is_a_tool_name(tiny_model_dir, tokenizer, r
 def test_react_builds_the_slot_from_its_tools():
     schemas = Toolbox.tool_schemas()
     assert load_format("react", schemas).action_choices is None  # off unless asked
+    assert load_format("react", schemas, constrain_actions=True, canonical_actions=True).action_choices.canonical
+    with pytest.raises(ValueError, match="canonical_actions` needs `constrain_actions"):
+        load_format("react", schemas, canonical_actions=True)
     choices = load_format("react", schemas, constrain_actions=True, action_temperature=1.5).action_choices
     names = [s["function"]["name"] for s in schemas]
     assert choices.continuations == tuple(f" {n}\nAction Input:" for n in names)

@@ -40,6 +40,10 @@ class ActionChoices:
     temperature: float = 1.0
     names: tuple[str, ...] = ()
     """The tool each continuation calls, in the same order (empty when the format does not say)."""
+    canonical: bool = False
+    """Hold the slot to each continuation's own tokenization (the tokenizer's encoding of it), not to any
+    tokens that spell it: the choice is then one token among the continuations' first tokens, the one the loss
+    trains, where otherwise a fragment (" ", " l", " conv") can carry it (`agentic_grpo.action_choices`)."""
 
     def continuation_of(self, name: str) -> str | None:
         """The continuation that calls the tool `name`, or None when no continuation is known to."""

@@ -57,6 +57,10 @@ class ReActFormat:
             object with its first argument's key (`{"query": "`), as function-calling servers hold arguments to
             the tool's schema; the model writes the value and the rest. A small model otherwise writes keys of
             its own (`{"date": ...}` to a tool whose argument is `query`), which the tool refuses.
+        canonical_actions: with `constrain_actions`, the slot follows each continuation's own tokenization
+            (`" lookup"`, then `"\n"`, ...), so the tool is chosen by one token the loss trains; otherwise any
+            tokens that spell a continuation may (`" "` then `"lookup"`, or `" l"` then `"ookup"`), and GRPO can
+            move the choice onto fragments it never learned to rank (`agentic_grpo.action_choices`).
     """
 
     stop = ["Observation:"]
@@ -71,6 +75,7 @@ class ReActFormat:
         constrain_actions: bool = False,
         action_temperature: float = 1.0,
         constrain_arguments: bool = False,
+        canonical_actions: bool = False,
     ) -> None:
         self.tool_schemas = {s["function"]["name"]: s["function"] for s in tool_schemas}
         self.instructions = instructions or DEFAULT_INSTRUCTIONS
@@ -99,6 +104,8 @@ class ReActFormat:
             raise ValueError(f"format_kwargs `action_temperature` must be above 0, got {action_temperature}")
         if constrain_arguments and not constrain_actions:
             raise ValueError("format_kwargs `constrain_arguments` needs `constrain_actions: true`")
+        if canonical_actions and not constrain_actions:
+            raise ValueError("format_kwargs `canonical_actions` needs `constrain_actions: true`")
         self.action_choices = (
             ActionChoices(
                 "Action:",
@@ -108,6 +115,7 @@ class ReActFormat:
                 ),
                 action_temperature,
                 tuple(self.tool_schemas),
+                canonical_actions,
             )
             if constrain_actions
             else None
