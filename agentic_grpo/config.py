@@ -100,6 +100,15 @@ class AgenticGRPOConfig(GRPOConfig):
             "environment state; needs an environment with `state_hash`)."
         },
     )
+    advantage_baseline: str = field(
+        default="group",
+        metadata={
+            "help": "What a trajectory's reward is compared with: `group` (TRL's GRPO: the mean of its own group, "
+            "over the group's std), or `batch` (the mean of every other trajectory of the step, over the step's "
+            "std; REINFORCE++): a group whose samples all chose alike and earned less than the step's other "
+            "questions then pushes that choice down (agentic_grpo.advantages.batch_baseline_advantages)."
+        },
+    )
     turn_lambda: float = field(
         default=1.0, metadata={"help": "Weight of the turn-level term of the `turn` and `anchor` advantages."}
     )
@@ -269,6 +278,8 @@ class AgenticGRPOConfig(GRPOConfig):
             raise ValueError("max_turns must be at least 1")
         if self.advantage not in ("outcome", "turn", "anchor"):
             raise ValueError(f"advantage must be `outcome`, `turn` or `anchor`, got `{self.advantage}`")
+        if self.advantage_baseline not in ("group", "batch"):
+            raise ValueError(f"advantage_baseline must be `group` or `batch`, got `{self.advantage_baseline}`")
         if not 0.0 < self.turn_gamma <= 1.0:
             raise ValueError(f"turn_gamma must be in (0, 1], got {self.turn_gamma}")
         if self.turn_lambda < 0:

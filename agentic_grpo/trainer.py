@@ -24,7 +24,7 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from agentic_grpo.action_weight import ACTION_WEIGHT_NEEDS_SLOT, weigh_action_tokens
-from agentic_grpo.advantages import assign_turn_credit
+from agentic_grpo.advantages import assign_turn_credit, batch_baseline_advantages
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.clipped import log_clipped_metrics, masked_loss_mask
@@ -199,6 +199,10 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
                 if path is not None:
                     print(f"The step's trajectories are in {path}", flush=True)
             raise
+        if self.args.advantage_baseline == "batch":  # every process's rewards: the baseline is the whole step's
+            everyone = batch_baseline_advantages(gather_object([row["trajectory"].reward for row in inputs]))
+            first = self.accelerator.process_index * len(inputs)
+            output["advantages"] = everyone[first : first + len(inputs)].to(output["advantages"].device)
         outcome_advantages = output.get("advantages")
         self._assign_turn_credit(inputs, output)
         if self.args.action_token_weight != 1.0:
