@@ -61,12 +61,14 @@ def weigh_action_tokens(
     advantages: torch.Tensor,
     trajectories: Sequence[Trajectory],
     tokenizer: Any,
-    choices: ActionChoices,
+    choices: ActionChoices | None,
     weight: float,
     width: int,
 ) -> torch.Tensor:
     """`advantages` ((B,) per trajectory or (B, width) per token) as (B, width) per-token advantages, with each
-    action-slot name token's multiplied by `weight`."""
+    action-slot name token's multiplied by `weight`; `choices` None (a format without a marked slot) is refused."""
+    if choices is None:
+        raise ValueError(ACTION_WEIGHT_NEEDS_SLOT)
     tokens = advantages.unsqueeze(1).expand(-1, width) if advantages.dim() == 1 else advantages
     tokens = tokens.clone()
     for row, trajectory in enumerate(trajectories):

@@ -23,7 +23,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from agentic_grpo.action_weight import ACTION_WEIGHT_NEEDS_SLOT, weigh_action_tokens
+from agentic_grpo.action_weight import weigh_action_tokens
 from agentic_grpo.advantages import assign_turn_credit, batch_baseline_advantages
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.checkpoints import AtomicCheckpoints
@@ -206,7 +206,14 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         outcome_advantages = output.get("advantages")
         self._assign_turn_credit(inputs, output)
         if self.args.action_token_weight != 1.0:
-            output["advantages"] = self._weigh_action_tokens(inputs, output)
+            output["advantages"] = weigh_action_tokens(
+                output["advantages"],
+                [row["trajectory"] for row in inputs],
+                self.processing_class,
+                getattr(self.rollout_manager.format, "action_choices", None),
+                self.args.action_token_weight,
+                output["completion_ids"].shape[1],
+            )
         if self.cotraining is not None:  # each trained sub-agent's children, with their own group advantages
             mode = "train" if self.model.training else "eval"
             with dropout_off(self.model):
@@ -237,21 +244,6 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             output["advantages"] = tokens
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
-
-    def _weigh_action_tokens(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> torch.Tensor:
-        """The step's advantages with each tool name's tokens weighed `action_token_weight` times
-        (`agentic_grpo.action_weight`)."""
-        choices = getattr(self.rollout_manager.format, "action_choices", None)
-        if choices is None:
-            raise ValueError(ACTION_WEIGHT_NEEDS_SLOT)
-        return weigh_action_tokens(
-            output["advantages"],
-            [row["trajectory"] for row in inputs],
-            self.processing_class,
-            choices,
-            self.args.action_token_weight,
-            output["completion_ids"].shape[1],
-        )
 
     @contextlib.contextmanager
     def _rows_of(self, rows: list[dict[str, Any]]) -> Any:

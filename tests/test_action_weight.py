@@ -85,3 +85,5 @@ def test_a_weight_needs_a_marked_slot_and_must_be_positive(tmp_path):
     argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"), "--action_token_weight", "5"]
     with pytest.raises(ValueError, match="constrain_actions"):
         prepare(argv)
+    with pytest.raises(ValueError, match="constrain_actions"):  # user code that builds a trainer itself
+        weigh_action_tokens(torch.zeros(1), [], None, None, 5.0, 1)
