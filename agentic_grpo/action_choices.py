@@ -18,8 +18,9 @@ continuation may be written, so the choice can be carried by a fragment: " " the
 "ookup". Greedy decoding then picks the likeliest fragment, and GRPO trains whichever tokens were sampled. On
 the toolbox (seed 2), training moved the slot's first token to a lone " " (in 27 of 65 held-out turns after a
 run with a KL penalty, in all 69 with `action_token_weight: 10`), and the tool was then chosen by the token
-after it, a context in which the right tool had barely been trained (benchmarks/RUNS.md). A canonical slot follows each continuation's own tokenization, as a grammar over token
-ids would: the choice is one token among the tools' first tokens.
+after it, a context in which the right tool had barely been trained (benchmarks/RUNS.md). A canonical slot
+follows each continuation's own tokenization, as a grammar over token ids would: the choice is one token among
+the tools' first tokens.
 
 Spreading a group's first actions (`spread_over_groups`, `AgenticGRPOConfig.spread_first_action`): a GRPO group
 learns which tool is right only if one of its G samples tries it. A small model's preferences are sharp and

@@ -89,13 +89,12 @@ def prepare(argv: list[str]) -> PreparedRun:
     config, model_config, parts, rewards = built.config, built.model_config, built.rollout_parts, built.rewards
     set_seed(config.seed)
     check_trainer_setup(config, rewards)
-    if config.use_vllm and getattr(parts.trajectory_format, "action_choices", None):
+    slot = getattr(parts.trajectory_format, "action_choices", None)
+    if config.use_vllm and slot:
         raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code
-    if (config.spread_first_action or config.guide_first_action) and not getattr(
-        parts.trajectory_format, "action_choices", None
-    ):
+    if (config.spread_first_action or config.guide_first_action) and not slot:
         raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
-    if config.action_token_weight != 1.0 and not getattr(parts.trajectory_format, "action_choices", None):
+    if config.action_token_weight != 1.0 and not slot:
         raise ValueError(ACTION_WEIGHT_NEEDS_SLOT)
     train, test = built.train, built.test
     if config.eval_strategy != "no" and test is None:
