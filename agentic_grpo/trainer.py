@@ -35,7 +35,7 @@ from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.reward_setup import guard_rewards
-from agentic_grpo.rollout import RolloutStats
+from agentic_grpo.rollout_metrics import log_rollout_metrics
 from agentic_grpo.run_files import RunFilesCallback, trajectory_records
 from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
 from agentic_grpo.selection import log_selection_metrics
@@ -264,7 +264,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         if self.args.guide_first_action:
             held["guide_first_action"] = self.args.guide_first_action
         trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend, **held)
-        self._log_rollout(trajectories, stats)
+        log_rollout_metrics(self, trajectories, stats)
         log_selection_metrics(self, trajectories, rows)
         if self.rollout_parts.agents:
             from agentic_grpo.subagents.usage import log_subagent_metrics
@@ -361,48 +361,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
                 if metrics.get(key):
                     metrics[key][-1] = value
 
-    # --- metrics and files --------------------------------------------------------------
-
-    def _log_rollout(self, trajectories: list[Trajectory], stats: RolloutStats) -> None:
-        """Tool, trajectory, token and time metrics, summed over all processes before dividing."""
-        calls = [r for t in trajectories for _, r in t.tool_calls]
-        counts = torch.tensor(
-            [
-                len(trajectories),
-                len(calls),
-                sum(not r.ok for r in calls),
-                sum(r.timed_out for r in calls),
-                sum(r.truncated for r in calls),
-                sum(t.invalid for t in trajectories),
-                sum(t.turns for t in trajectories),
-                sum(sum(t.loss_mask) for t in trajectories),
-                sum(len(t.loss_mask) for t in trajectories),
-                sum(bool(t.tool_calls) for t in trajectories),
-                sum(t.final_answer is not None for t in trajectories),
-                stats.generation_seconds,
-                stats.tool_seconds,
-                1.0,
-            ],
-            dtype=torch.float64,
-            device=self.accelerator.device,
-        )
-        (n, n_calls, errors, timeouts, truncated, invalid, turns, trainable, tokens, with_call, answered,
-         gen_s, tool_s, procs) = self.accelerator.gather(counts).view(-1, counts.numel()).sum(0).tolist()  # fmt: skip
-        metrics = self._metrics["train" if self.model.training else "eval"]
-        metrics["tools/calls_per_trajectory"].append(n_calls / n)
-        metrics["tools/call_rate"].append(with_call / n)
-        metrics["tools/error_rate"].append(errors / n_calls if n_calls else 0.0)
-        metrics["tools/timeout_rate"].append(timeouts / n_calls if n_calls else 0.0)
-        metrics["tools/truncated_rate"].append(truncated / n_calls if n_calls else 0.0)
-        metrics["trajectories/invalid_rate"].append(invalid / n)
-        metrics["trajectories/answered_rate"].append(answered / n)
-        metrics["trajectories/turns_mean"].append(turns / n)
-        metrics["tokens/trainable_ratio"].append(trainable / tokens if tokens else 0.0)
-        metrics["time/generation"].append(gen_s / procs)
-        metrics["time/tools"].append(tool_s / procs)
-        if self.sandbox_pool is not None:  # sandbox/downgraded, sandbox/cgroup: a silent fallback shows in the logs
-            for name, value in self.sandbox_pool.metrics().items():
-                metrics[name].append(value)
+    # --- files ----------------------------------------------------------------------
 
     def _save_trajectories(
         self, inputs: list[dict[str, Any]], advantages: torch.Tensor | None, error: str | None = None
