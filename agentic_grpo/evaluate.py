@@ -15,6 +15,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from agentic_grpo.eval_breakdown import kind_breakdown
 from agentic_grpo.run_parts import RolloutParts
 from agentic_grpo.selection import selection_counts, selection_metrics, tool_names_of
 from agentic_grpo.trajectory import Trajectory, plain_columns
@@ -150,6 +151,7 @@ def evaluate(
     names = tool_names_of(parts)  # tools/selection_accuracy, routing/accuracy, tools/calls/<name>
     counts = selection_counts(trajectories, repeated, names, [agent.name for agent in parts.agents])
     metrics.update(selection_metrics(counts, names))
+    metrics.update(kind_breakdown(trajectories, repeated, correct, names, [agent.name for agent in parts.agents]))
     if parts.agents:
         from agentic_grpo.subagents import subagent_usage
 
