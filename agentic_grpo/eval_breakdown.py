@@ -19,7 +19,7 @@ from agentic_grpo.trajectory import Trajectory
 
 def answer_in_observations(trajectory: Trajectory, answer: Any) -> bool:
     """Whether a tool's output holds `answer` as a whole word or number (`6` is not in `26` or `6.5`)."""
-    text = str(answer).strip()
+    text = "" if answer is None else str(answer).strip()
     if not text:
         return False
     pattern = re.compile(rf"(?<![\w.]){re.escape(text)}(?![\w]|\.\d)", re.IGNORECASE)
@@ -45,7 +45,7 @@ def kind_breakdown(
     agent_names: Sequence[str] = (),
     column: str = "kind",
 ) -> dict[str, float]:
-    """`answer_lost_rate` (rows with an `answer`), and `kinds/<kind>/{questions,accuracy,answer_lost_rate,
+    """`answer_lost_rate` (rows with an `answer`), and `kinds/<kind>/{trajectories,accuracy,answer_lost_rate,
     tools/selection_accuracy,...}` when the rows carry `column`; empty for rows with neither."""
     metrics: dict[str, float] = {}
     has_answer = bool(rows) and all("answer" in row for row in rows)
@@ -59,7 +59,7 @@ def kind_breakdown(
         their_rows = [rows[i] for i in picked]
         their_correct = [correct[i] for i in picked]
         prefix = f"kinds/{kind}/"
-        metrics[prefix + "questions"] = len(picked)
+        metrics[prefix + "trajectories"] = len(picked)  # k of each question with pass@k
         metrics[prefix + "accuracy"] = sum(their_correct) / len(picked)
         if has_answer:
             metrics[prefix + "answer_lost_rate"] = answer_lost_rate(these, their_rows, their_correct)

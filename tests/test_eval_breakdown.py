@@ -23,6 +23,7 @@ def test_the_answer_counts_only_as_a_whole_word_or_number():
     assert not answer_in_observations(called("lookup", "12.25"), "2.25")
     assert not answer_in_observations(Trajectory(prompt="q", segments=[]), 6)  # no tool, no observation
     assert not answer_in_observations(called("lookup", "anything"), "")
+    assert not answer_in_observations(called("lookup", "None"), None)  # a row without a reference answer
 
 
 def test_kinds_split_accuracy_selection_and_the_answers_lost_after_the_tool_gave_them():
@@ -41,7 +42,7 @@ def test_kinds_split_accuracy_selection_and_the_answers_lost_after_the_tool_gave
     correct = [False, True, False, False]
     metrics = kind_breakdown(trajectories, rows, correct, TOOLS)
     assert metrics["answer_lost_rate"] == 1 / 4
-    assert metrics["kinds/strings/questions"] == 2
+    assert metrics["kinds/strings/trajectories"] == 2
     assert metrics["kinds/strings/accuracy"] == 0.5
     assert metrics["kinds/strings/answer_lost_rate"] == 0.5
     assert metrics["kinds/strings/tools/selection_accuracy"] == 1.0

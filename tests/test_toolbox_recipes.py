@@ -79,6 +79,6 @@ def test_eval_reports_selection_metrics(tmp_path, tiny_model_dir, capsys):
     assert report["questions"] == 2
     assert report["tools/selection_accuracy"] + report["tools/wrong_tool_rate"] + report["tools/no_tool_rate"] == 1
     assert "tools/calls/lookup" in report
-    kinds = [key.split("/")[1] for key in report if key.startswith("kinds/") and key.endswith("/questions")]
-    assert sum(report[f"kinds/{kind}/questions"] for kind in kinds) == 2  # each question counted under its kind
+    kinds = [key.split("/")[1] for key in report if key.startswith("kinds/") and key.endswith("/trajectories")]
+    assert sum(report[f"kinds/{kind}/trajectories"] for kind in kinds) == 2  # each question counted under its kind
     assert 0.0 <= report["answer_lost_rate"] <= 1.0
