@@ -26,15 +26,14 @@ def answer_in_observations(trajectory: Trajectory, answer: Any) -> bool:
     return any(pattern.search(result.output) for _, result in trajectory.tool_calls)
 
 
-def answer_lost_rate(
+def answers_lost(
     trajectories: Sequence[Trajectory], rows: Sequence[dict[str, Any]], correct: Sequence[bool]
-) -> float:
-    """The share of trajectories whose observations held the row's `answer` but whose final answer was wrong."""
-    lost = sum(
+) -> list[bool]:
+    """Per trajectory: its observations held the row's `answer` and its final answer was wrong."""
+    return [
         not right and answer_in_observations(t, row["answer"])
         for t, row, right in zip(trajectories, rows, correct, strict=True)
-    )
-    return lost / max(1, len(trajectories))
+    ]
 
 
 def kind_breakdown(
@@ -49,20 +48,20 @@ def kind_breakdown(
     tools/selection_accuracy,...}` when the rows carry `column`; empty for rows with neither."""
     metrics: dict[str, float] = {}
     has_answer = bool(rows) and all("answer" in row for row in rows)
+    lost = answers_lost(trajectories, rows, correct) if has_answer else []
     if has_answer:
-        metrics["answer_lost_rate"] = answer_lost_rate(trajectories, rows, correct)
+        metrics["answer_lost_rate"] = sum(lost) / len(lost)
     if not rows or not all(column in row for row in rows):
         return metrics
     for kind in sorted({str(row[column]) for row in rows}):
         picked = [i for i, row in enumerate(rows) if str(row[column]) == kind]
         these = [trajectories[i] for i in picked]
         their_rows = [rows[i] for i in picked]
-        their_correct = [correct[i] for i in picked]
         prefix = f"kinds/{kind}/"
         metrics[prefix + "trajectories"] = len(picked)  # k of each question with pass@k
-        metrics[prefix + "accuracy"] = sum(their_correct) / len(picked)
+        metrics[prefix + "accuracy"] = sum(correct[i] for i in picked) / len(picked)
         if has_answer:
-            metrics[prefix + "answer_lost_rate"] = answer_lost_rate(these, their_rows, their_correct)
+            metrics[prefix + "answer_lost_rate"] = sum(lost[i] for i in picked) / len(picked)
         counts = selection_counts(these, their_rows, tool_names, agent_names)
         for name, value in selection_metrics(counts, tool_names, prefix=prefix).items():
             if "/tools/calls/" not in name or value:  # the calls a kind never made add only noise

@@ -149,9 +149,10 @@ def evaluate(
         "invalid_rate": sum(t.invalid for t in trajectories) / n,
     }
     names = tool_names_of(parts)  # tools/selection_accuracy, routing/accuracy, tools/calls/<name>
-    counts = selection_counts(trajectories, repeated, names, [agent.name for agent in parts.agents])
+    agent_names = [agent.name for agent in parts.agents]
+    counts = selection_counts(trajectories, repeated, names, agent_names)
     metrics.update(selection_metrics(counts, names))
-    metrics.update(kind_breakdown(trajectories, repeated, correct, names, [agent.name for agent in parts.agents]))
+    metrics.update(kind_breakdown(trajectories, repeated, correct, names, agent_names))
     if parts.agents:
         from agentic_grpo.subagents import subagent_usage
 
