@@ -4,7 +4,11 @@ Evaluates the untrained model on the recipe's held-out split, trains with the re
 (a real run per seed), evaluates each trained adapter or model on the same split, and
 reports the accuracies, the minutes, the peak memory and the seeds. When the recipe's rows name the tool or
 specialist that should answer (`expected_tools`), it reports the selection (and routing) accuracy before and
-after beside the strict accuracy, and what the sub-agents cost per query.
+after beside the strict accuracy, and what the sub-agents cost per query. With rows that carry an `answer`, it
+reports `answer_lost_rate` (a tool handed over the answer and the final answer missed it), and with a `kind`
+column, each kind's figures (`kinds`), as `agentic-grpo eval` does. Each evaluation's trajectories are kept:
+`<run dir>/held_out.trajectories.jsonl` and `<prefix>-<recipe>-before-eval.trajectories.jsonl`
+(`agentic-grpo show` reads them).
 
 Nothing finished is done twice: the untrained model's result and each seed's are kept next to the
 run directories (`<prefix>-<recipe>-before.json`, `<prefix>-<recipe>-seedN.json`) and reused when
@@ -48,11 +52,14 @@ def strictly_correct(final_answer: str | None, gold: Any) -> bool:
     return plain_number(final_answer) == gold_number
 
 
-def held_out(model: str, recipe: str, questions: int, k: int) -> dict:
-    """Strict accuracy (and the recipe-reward accuracy beside it) of `model` on the recipe's test split."""
-    from agentic_grpo.evaluate import evaluate_held_out
+def held_out(model: str, recipe: str, questions: int, k: int, report: Path | None = None) -> dict:
+    """Strict accuracy (and the recipe-reward accuracy beside it) of `model` on the recipe's test split; with
+    `report`, the evaluation's metrics and trajectories are written there as `agentic-grpo eval` writes them."""
+    from agentic_grpo.evaluate import evaluate_held_out, write_report
 
     metrics, records = evaluate_held_out(model, recipe, questions, k)
+    if report is not None:
+        write_report(report, metrics, records)
     strict = [strictly_correct(r["final_answer"], r["row"].get("answer")) for r in records]
     measured = {
         "strict_accuracy": sum(strict) / max(1, len(strict)),
@@ -64,6 +71,15 @@ def held_out(model: str, recipe: str, questions: int, k: int) -> dict:
     for name, metric in CHOICE_METRICS.items():
         if metric in metrics:
             measured[name] = metrics[metric]
+    if "answer_lost_rate" in metrics:  # rows with answers: a tool handed over the answer and the final one missed it
+        measured["answer_lost_rate"] = metrics["answer_lost_rate"]
+    kinds: dict[str, dict[str, Any]] = {}  # rows with a `kind` column: `kinds/<kind>/<metric>` as {kind: {metric}}
+    for name, value in metrics.items():
+        if name.startswith("kinds/"):
+            kind, metric = name.removeprefix("kinds/").split("/", 1)
+            kinds.setdefault(kind, {})[metric] = value
+    if kinds:
+        measured["kinds"] = kinds
     return measured
 
 
@@ -93,7 +109,7 @@ def train(recipe: str, seed: int, output_dir: str, max_steps: int | None) -> tup
 def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Namespace, before: dict) -> dict:
     """One seed: a real training run, then its strict held-out accuracy."""
     minutes, peak_mb = train(recipe, seed, output_dir, args.max_steps)
-    after = held_out(output_dir, recipe, args.questions, args.k)
+    after = held_out(output_dir, recipe, args.questions, args.k, Path(output_dir) / "held_out.json")
     run = {
         "seed": seed,
         "accuracy_after": after["strict_accuracy"],
@@ -105,6 +121,9 @@ def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Na
         "train_peak_memory_mb": peak_mb,
         "output_dir": output_dir,
     }
+    for name in ("answer_lost_rate", "kinds"):
+        if name in after:
+            run[f"{name}_after"] = after[name]
     for name in CHOICE_METRICS:
         if name in after:
             run[f"{name}_after"] = after[name]
@@ -137,7 +156,9 @@ def main() -> int:
     stem = f"{prefix}-{Path(recipe).stem}"
     Path(stem).parent.mkdir(parents=True, exist_ok=True)  # a prefix in a new directory
     key = {"recipe": Path(recipe).read_text(), "questions": args.questions, "k": args.k}
-    measure_before = functools.partial(held_out, base_model, recipe, args.questions, args.k)
+    measure_before = functools.partial(
+        held_out, base_model, recipe, args.questions, args.k, Path(f"{stem}-before-eval.json")
+    )
     before = cached(Path(f"{stem}-before.json"), key, measure_before)  # greedy: the same for every seed
     runs = []
     for seed in seeds:
@@ -162,6 +183,9 @@ def main() -> int:
         "train_peak_memory_mb": max(r["train_peak_memory_mb"] for r in runs),
         "command": " ".join(["agentic-grpo bench learning", *sys.argv[1:]]),
     }
+    for name in ("answer_lost_rate", "kinds"):
+        if name in before:
+            result[f"{name}_before"] = before[name]
     for name in CHOICE_METRICS:  # the choice of tool or specialist, before and after, beside strict accuracy
         if name in before:
             result[f"{name}_before"] = before[name]

@@ -57,3 +57,14 @@ def test_a_routing_recipe_reports_routing_and_selection_accuracy_beside_strict_a
         assert 0.0 <= report[f"{name}_before"] <= 1.0 and 0.0 <= report["runs"][0][f"{name}_after"] <= 1.0
         assert report[f"{name}_gain_points_mean"] == report["runs"][0][f"{name}_gain_points"]
     assert report["subagent_tokens_per_query_before"] >= 0.0
+    # Toolbox rows carry `answer` and `kind`: the lost-answer rate and each kind's figures, before and after, and
+    # both evaluations' trajectories kept for `agentic-grpo show`.
+    run = report["runs"][0]
+    for figures in (report["kinds_before"], run["kinds_after"]):  # 3 test rows, interleaved: one of each kind
+        assert set(figures) == set(recipe["dataset"]["kinds"])
+        assert all(f["trajectories"] == 1 and 0.0 <= f["accuracy"] <= 1.0 for f in figures.values())
+    assert 0.0 <= report["answer_lost_rate_before"] <= 1.0 and 0.0 <= run["answer_lost_rate_after"] <= 1.0
+    for path in (tmp_path / "run-tiny_routing-seed0" / "held_out.trajectories.jsonl",
+                 tmp_path / "run-tiny_routing-before-eval.trajectories.jsonl"):  # fmt: skip
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(records) == 3 and all("segments" in r and r["row"]["kind"] for r in records)
