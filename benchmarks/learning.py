@@ -89,6 +89,8 @@ CHOICE_METRICS = {
     "routing_accuracy": "routing/accuracy",
     "subagent_tokens_per_query": "subagent_tokens_per_trajectory",
 }
+# what `held_out` reports beside them, for rows with an `answer` and a `kind` column
+BREAKDOWN = ("answer_lost_rate", "kinds")
 
 
 def train(recipe: str, seed: int, output_dir: str, max_steps: int | None) -> tuple[float, int]:
@@ -121,10 +123,7 @@ def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Na
         "train_peak_memory_mb": peak_mb,
         "output_dir": output_dir,
     }
-    for name in ("answer_lost_rate", "kinds"):
-        if name in after:
-            run[f"{name}_after"] = after[name]
-    for name in CHOICE_METRICS:
+    for name in (*CHOICE_METRICS, *BREAKDOWN):
         if name in after:
             run[f"{name}_after"] = after[name]
             if name.endswith("accuracy") and name in before:
@@ -183,7 +182,7 @@ def main() -> int:
         "train_peak_memory_mb": max(r["train_peak_memory_mb"] for r in runs),
         "command": " ".join(["agentic-grpo bench learning", *sys.argv[1:]]),
     }
-    for name in ("answer_lost_rate", "kinds"):
+    for name in BREAKDOWN:  # kept as measured: `kinds` is a table, not a number to average over seeds
         if name in before:
             result[f"{name}_before"] = before[name]
     for name in CHOICE_METRICS:  # the choice of tool or specialist, before and after, beside strict accuracy
