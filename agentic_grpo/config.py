@@ -187,6 +187,17 @@ class AgenticGRPOConfig(GRPOConfig):
             "the toolbox, 10 made the policy drift faster (benchmarks/RUNS.md)."
         },
     )
+    choice_gradient_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "Add to the loss the exact policy gradient, times this, of the tool-choice reward at each "
+            "trajectory's first action slot: the probability the slot gives the row's expected tools (the "
+            "`expected_tools` column), over the tools' first tokens. Where GRPO learns a choice only from the "
+            "tools a group sampled, this lowers every wrong tool in proportion to its probability in that context, "
+            "sampled or not (agentic_grpo.choice_gradient). Supervised by the rows' expected tools, as `ToolChoice` "
+            "is. 0: off. Needs `format_kwargs: {constrain_actions: true, canonical_actions: true}`."
+        },
+    )
     curriculum_column: str | None = field(
         default=None,
         metadata={
@@ -295,6 +306,8 @@ class AgenticGRPOConfig(GRPOConfig):
             raise ValueError("guide_first_action and spread_first_action both hold first actions: set one of them")
         if self.action_token_weight <= 0:
             raise ValueError(f"action_token_weight must be above 0, got {self.action_token_weight}")
+        if self.choice_gradient_weight < 0:
+            raise ValueError(f"choice_gradient_weight must be 0 (off) or above, got {self.choice_gradient_weight}")
         if self.curriculum_column is not None and self.max_steps <= 0:
             raise ValueError("curriculum_column draws prompts without end (no epochs): set max_steps")
         if self.curriculum_reward is not None and self.curriculum_column is None:

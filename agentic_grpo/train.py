@@ -68,6 +68,7 @@ def prepare(argv: list[str]) -> PreparedRun:
 
     from agentic_grpo.action_choices import HELD_ACTIONS_NEED_CONSTRAINED_SLOT
     from agentic_grpo.action_weight import ACTION_WEIGHT_NEEDS_SLOT
+    from agentic_grpo.choice_gradient import CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT
     from agentic_grpo.data import add_prompts
     from agentic_grpo.models import resolve_model
     from agentic_grpo.run_parts import build_recipe
@@ -96,6 +97,8 @@ def prepare(argv: list[str]) -> PreparedRun:
         raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
     if config.action_token_weight != 1.0 and not slot:
         raise ValueError(ACTION_WEIGHT_NEEDS_SLOT)
+    if config.choice_gradient_weight and not (slot and slot.canonical):
+        raise ValueError(CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT)
     train, test = built.train, built.test
     if config.eval_strategy != "no" and test is None:
         raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")

@@ -27,6 +27,7 @@ from agentic_grpo.action_weight import weigh_action_tokens
 from agentic_grpo.advantages import assign_turn_credit, batch_baseline_advantages
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.checkpoints import AtomicCheckpoints
+from agentic_grpo.choice_gradient import choice_loss, choice_targets, choice_tokens, recorded_hidden_states
 from agentic_grpo.clipped import log_clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.curriculum import check_curriculum_column, curriculum_for
@@ -158,6 +159,11 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         if self.sandbox_pool is not None:  # slots and workspaces go with the trainer, or at exit
             weakref.finalize(self, self.sandbox_pool.close)
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
+        self.choice_tokens = None  # the first action slot's choices, for `choice_gradient_weight`
+        if args.choice_gradient_weight:
+            self.choice_tokens = choice_tokens(
+                self.processing_class, getattr(parts.trajectory_format, "action_choices", None)
+            )
         self.cotraining = None  # sub-agents trained with the policy, each on its own adapter
         if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
             from agentic_grpo.subagents.cotrain import CoTraining
@@ -214,6 +220,13 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
                 self.args.action_token_weight,
                 output["completion_ids"].shape[1],
             )
+        if self.choice_tokens is not None and self.model.training:
+            slots, targets = choice_targets(
+                [row["trajectory"] for row in inputs], rows, self.processing_class,
+                self.trajectory_format.action_choices, self.choice_tokens,
+            )  # fmt: skip
+            device = output["completion_ids"].device
+            output["choice_slots"], output["choice_targets"] = slots.to(device), targets.to(device)
         if self.cotraining is not None:  # each trained sub-agent's children, with their own group advantages
             mode = "train" if self.model.training else "eval"
             with dropout_off(self.model):
@@ -321,11 +334,27 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         """TRL's loss for the policy's rows, plus each co-trained sub-agent's loss over those rows' children (computed
         first: back-propagated one child at a time when `CoTraining.backward` allows)."""
         if self.cotraining is None:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return self._policy_loss(model, inputs, return_outputs, num_items_in_batch)
         role_losses = self.cotraining.losses(model, inputs.get("role_samples", []), self.cotraining.backward())
-        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss = self._policy_loss(model, inputs, return_outputs, num_items_in_batch)
         self.cotraining.log_policy_loss(loss)
         return loss + sum(role_losses.values())
+
+    def _policy_loss(self, model, inputs, return_outputs, num_items_in_batch):
+        """TRL's loss, plus under `choice_gradient_weight` the exact gradient of the tool-choice reward at the
+        first action slots, from the hidden states of TRL's own forward pass (agentic_grpo.choice_gradient)."""
+        if "choice_slots" not in inputs or not model.training:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        unwrapped = self.accelerator.unwrap_model(model)
+        with recorded_hidden_states(unwrapped) as hidden:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        term, probability = choice_loss(
+            hidden, inputs["completion_ids"].size(1), inputs["choice_slots"], inputs["choice_targets"],
+            unwrapped.get_output_embeddings(), self.choice_tokens,
+        )  # fmt: skip
+        gathered = self.accelerator.gather(probability.to(loss.device).reshape(1))
+        self._metrics["train"]["tools/choice_probability"].append(gathered.nanmean().item())
+        return loss + self.args.choice_gradient_weight * term / self.current_gradient_accumulation_steps
 
     def create_optimizer(self, model: Any = None) -> Any:
         """The Trainer's optimizer, with each co-trained sub-agent's adapter in parameter groups of its own (its

@@ -1,0 +1,114 @@
+"""The exact tool-choice gradient (`choice_gradient_weight`): the slot found in real trajectories of the real
+`MathToolbox` (scripted turns, real tokenizer and tools), its term equal to the expected tools' probability read
+from a plain forward pass of the tiny model with either read of the loss, a step on it raising that probability,
+and the set-ups it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentic_grpo.choice_gradient import choice_tokens
+from agentic_grpo.formats import ActionChoices
+from tests.credit_support import build_trainer
+from tests.scripted import ScriptedBackend, case_prompt
+
+
+def _call(tool: str, arguments: str) -> str:
+    return f"Thought: go.\nAction: {tool}\nAction Input: {arguments}\nObservation:"
+
+
+SCRIPTS = {
+    "calc": [_call("calculator", '{"expression": "2 + 3"}'), "Final Answer: 5<|im_end|>"],
+    "py": [_call("python", '{"code": "print(5)"}'), "Final Answer: 5<|im_end|>"],
+    "calc2": [_call("calculator", '{"expression": "2 * 3"}'), "Final Answer: 6<|im_end|>"],
+    "direct": ["Final Answer: 7<|im_end|>"],
+}
+# (case, the row's expected tool): the first calls calculator where python is expected; the last calls nothing.
+ROWS = [("calc", "python"), ("py", "python"), ("calc2", "calculator"), ("direct", "python")]
+
+
+def _trainer(model_dir: str, output_dir: str, **config):
+    trainer = build_trainer(
+        model_dir, output_dir, "outcome", environment="agentic_grpo.tools.toolbox:MathToolbox",
+        format_kwargs={"constrain_actions": True, "canonical_actions": True}, choice_gradient_weight=1.0, **config,
+    )  # fmt: skip
+    trainer.generation_backend = ScriptedBackend(trainer.processing_class, SCRIPTS)
+    return trainer
+
+
+def _rows() -> list[dict]:
+    return [
+        {"prompt": case_prompt(case), "question": case, "answer": "9999", "values": [], "expected_tools": tool}
+        for case, tool in ROWS
+    ]
+
+
+def _slot_probabilities(trainer, inputs) -> torch.Tensor:
+    """Each row's probability of its expected tools at its slot, from a plain forward pass of the whole row."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logits = trainer.model(input_ids=ids, attention_mask=mask).logits
+    width = inputs["prompt_ids"].size(1)
+    probabilities = []
+    for row, slot in enumerate(inputs["choice_slots"].tolist()):
+        if slot >= 0:
+            choice = logits[row, width + slot - 1, trainer.choice_tokens].softmax(-1)
+            probabilities.append((choice * inputs["choice_targets"][row]).sum())
+    return torch.stack(probabilities)
+
+
+@pytest.mark.parametrize("read_prompt_once", [True, False])
+def test_the_term_is_the_expected_tools_probability_at_the_first_slot(tiny_model_dir, tmp_path, read_prompt_once):
+    trainer = _trainer(tiny_model_dir, str(tmp_path), read_prompt_once=read_prompt_once)
+    inputs = trainer._generate_and_score_completions(_rows())
+    tokenizer = trainer.processing_class
+    slots = inputs["choice_slots"].tolist()
+    assert slots[3] == -1  # no action, no slot
+    named = [tokenizer.decode(inputs["completion_ids"][row, slots[row]]).strip() for row in range(3)]
+    assert named == ["calculator", "python", "calculator"]
+    names = trainer.trajectory_format.action_choices.names
+    assert inputs["choice_targets"][:, names.index("python")].tolist() == [1.0, 1.0, 0.0, 1.0]
+
+    plain = {k: v for k, v in inputs.items() if k not in ("choice_slots", "choice_targets")}
+    policy_loss = trainer.compute_loss(trainer.model, plain)  # TRL's loss alone
+    loss = trainer.compute_loss(trainer.model, inputs)
+    expected = _slot_probabilities(trainer, inputs)
+    assert torch.allclose(loss - policy_loss, -expected.mean(), atol=1e-5)
+    assert trainer._metrics["train"]["tools/choice_probability"][-1] == pytest.approx(expected.mean().item(), abs=1e-5)
+
+
+def test_a_step_on_the_term_raises_the_expected_tools_where_another_was_chosen(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, str(tmp_path))
+    inputs = trainer._generate_and_score_completions(_rows())
+    assert torch.count_nonzero(inputs["advantages"]) == 0  # every answer is scored the same: TRL's loss is flat
+    before = _slot_probabilities(trainer, inputs).detach()
+    trainer.compute_loss(trainer.model, inputs).backward()
+    with torch.no_grad():
+        for parameter in trainer.model.parameters():
+            if parameter.grad is not None:
+                parameter -= 0.5 * parameter.grad
+    after = _slot_probabilities(trainer, inputs).detach()
+    # The mean is what the step climbs, and the row that chose calculator for a python question rose with it. The
+    # tiny random model barely tells the rows apart, so the one calculator row fell as the two python rows rose.
+    assert after.mean() > before.mean() and after[0] > before[0], (before, after)
+
+
+def test_the_term_needs_a_canonical_slot_whose_choices_begin_with_distinct_tokens(tokenizer, tmp_path):
+    from agentic_grpo.config import AgenticGRPOConfig
+    from agentic_grpo.train import prepare
+
+    free = ActionChoices("Action:", (" calculator\n", " python\n"), 1.0, ("calculator", "python"))
+    with pytest.raises(ValueError, match="canonical_actions"):
+        choice_tokens(tokenizer, free)
+    with pytest.raises(ValueError, match="canonical_actions"):
+        choice_tokens(tokenizer, None)
+    shared = ActionChoices("Action:", (" string_tool\n", " string_count\n"), 1.0, ("string_tool", "string_count"),
+                           canonical=True)  # fmt: skip
+    with pytest.raises(ValueError, match="distinct tokens"):
+        choice_tokens(tokenizer, shared)
+    with pytest.raises(ValueError, match="choice_gradient_weight must be 0"):
+        AgenticGRPOConfig(output_dir=str(tmp_path), choice_gradient_weight=-1.0)
+    argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"), "--choice_gradient_weight", "1"]
+    with pytest.raises(ValueError, match="canonical_actions"):
+        prepare(argv)
