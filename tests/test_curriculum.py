@@ -97,8 +97,8 @@ def test_training_draws_each_batch_by_the_kinds_scores(tmp_path):
         kinds_per_step.append(sorted({r["row"]["kind"] for r in records}))
     assert all(len(kinds) == 2 for kinds in kinds_per_step)
     # The first two batches are drawn before any score (Accelerate asks for a batch ahead): the kinds in the
-    # order the recipe's `train_order` first names them.
-    assert kinds_per_step[:2] == [["dates", "strings"], ["arithmetic", "python"]]
+    # order the rows first name them (the generator's: arithmetic, units, dates, lookup, strings, Python).
+    assert kinds_per_step[:2] == [["arithmetic", "units"], ["dates", "lookup"]]
     assert last["step"] == 3
     scored = [key for key in last if key.startswith("curriculum/") and key.endswith("/score")]
     assert {key.split("/")[1] for key in scored} >= {"dates", "strings", "arithmetic", "python"}
