@@ -50,6 +50,7 @@ def build_trainer(
     advantage: str,
     per_device: int = 4,
     environment: str = "agentic_grpo.tools.stepwise:StepwiseCalculator",
+    peft_config: Any = None,
     **config: Any,
 ) -> AgenticGRPOTrainer:
     args = AgenticGRPOConfig(
@@ -73,6 +74,7 @@ def build_trainer(
         reward_funcs=[answer_is_right],
         args=args,
         train_dataset=Dataset.from_list(rows()),
+        peft_config=peft_config,
     )
     trainer.generation_backend = ScriptedBackend(trainer.processing_class, SCRIPTS)
     trainer.model.train()

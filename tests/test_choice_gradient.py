@@ -1,7 +1,7 @@
 """The exact tool-choice gradient (`choice_gradient_weight`): the slot found in real trajectories of the real
 `MathToolbox` (scripted turns, real tokenizer and tools), its term equal to the expected tools' probability read
-from a plain forward pass of the tiny model with either read of the loss, a step on it raising that probability,
-and the set-ups it refuses."""
+from a plain forward pass of the tiny model with either read of the loss and under LoRA, a step on it raising
+that probability, and the set-ups it refuses."""
 
 from __future__ import annotations
 
@@ -58,9 +58,14 @@ def _slot_probabilities(trainer, inputs) -> torch.Tensor:
     return torch.stack(probabilities)
 
 
-@pytest.mark.parametrize("read_prompt_once", [True, False])
-def test_the_term_is_the_expected_tools_probability_at_the_first_slot(tiny_model_dir, tmp_path, read_prompt_once):
-    trainer = _trainer(tiny_model_dir, str(tmp_path), read_prompt_once=read_prompt_once)
+@pytest.mark.parametrize(("read_prompt_once", "lora"), [(True, False), (False, False), (True, True)])
+def test_the_term_is_the_expected_tools_probability_at_the_first_slot(
+    tiny_model_dir, tmp_path, read_prompt_once, lora
+):
+    from peft import LoraConfig
+
+    peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False) if lora else None
+    trainer = _trainer(tiny_model_dir, str(tmp_path), read_prompt_once=read_prompt_once, peft_config=peft_config)
     inputs = trainer._generate_and_score_completions(_rows())
     tokenizer = trainer.processing_class
     slots = inputs["choice_slots"].tolist()
