@@ -5,6 +5,12 @@ that probability, and the set-ups it refuses."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -97,6 +103,21 @@ def test_a_step_on_the_term_raises_the_expected_tools_where_another_was_chosen(t
     # The mean is what the step climbs, and the row that chose calculator for a python question rose with it. The
     # tiny random model barely tells the rows apart, so the one calculator row fell as the two python rows rose.
     assert after.mean() > before.mean() and after[0] > before[0], (before, after)
+
+
+def test_two_processes_each_train_their_own_slots_and_log_the_mean_of_both(tiny_model_dir, tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(root / "accelerate_configs" / "cpu_2proc.yaml"),
+         str(root / "tests" / "choice_two_processes.py"), tiny_model_dir, str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert {r["wrapped"] for r in ranks} == {"DistributedDataParallel"}
+    both = (ranks[0]["own"] + ranks[1]["own"]) / 2  # the mean of each process's mean (over 2 slots and over 1)
+    assert ranks[0]["logged"] == pytest.approx(both, abs=1e-5) and ranks[1]["logged"] == pytest.approx(both, abs=1e-5)
 
 
 def test_the_term_needs_a_canonical_slot_whose_choices_begin_with_distinct_tokens(tokenizer, tmp_path):
