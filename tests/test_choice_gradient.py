@@ -6,10 +6,6 @@ that probability, and the set-ups it refuses."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +14,7 @@ from agentic_grpo.choice_gradient import choice_tokens
 from agentic_grpo.formats import ActionChoices
 from tests.credit_support import build_trainer
 from tests.scripted import ScriptedBackend, case_prompt
+from tests.two_processes import launch_two_processes
 
 
 def _call(tool: str, arguments: str) -> str:
@@ -106,13 +103,7 @@ def test_a_step_on_the_term_raises_the_expected_tools_where_another_was_chosen(t
 
 
 def test_two_processes_each_train_their_own_slots_and_log_the_mean_of_both(tiny_model_dir, tmp_path):
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "disabled"}
-    result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(root / "accelerate_configs" / "cpu_2proc.yaml"),
-         str(root / "tests" / "choice_two_processes.py"), tiny_model_dir, str(tmp_path)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    result = launch_two_processes("choice_two_processes.py", tiny_model_dir, str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert {r["wrapped"] for r in ranks} == {"DistributedDataParallel"}

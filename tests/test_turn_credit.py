@@ -4,10 +4,6 @@ turned into per-token advantages that reach TRL's loss; one group split over two
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +13,7 @@ from agentic_grpo.run_parts import load_environment
 from agentic_grpo.trajectory import Trajectory
 from tests.credit_support import CASES, SCRIPTS, TURN_TERMS, build_trainer, rows
 from tests.scripted import ScriptedBackend
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.two_processes import launch_two_processes
 
 
 def test_a_fact_is_paid_once_per_trajectory():
@@ -138,12 +133,7 @@ def test_anchor_needs_an_environment_with_a_state(tiny_model_dir, tmp_path):
 
 
 def test_a_group_split_over_two_processes_is_estimated_whole(tiny_model_dir, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-    result = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu_2proc.yaml"),
-         str(ROOT / "tests" / "credit_two_processes.py"), tiny_model_dir, str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    result = launch_two_processes("credit_two_processes.py", tiny_model_dir, str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["cases"] for r in ranks] == [CASES[:2], CASES[2:]]  # each process holds half of the one group
