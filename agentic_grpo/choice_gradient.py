@@ -8,7 +8,7 @@ the question, and the groups of other kinds that never sample it have no sample 
 (benchmarks/RUNS.md). Where the reward of each choice is known without running it (the row names its expected
 tools, as `ToolChoice` pays them), the policy gradient of that reward at the slot needs no samples: over the
 slot's choices a (the tools' first tokens of a canonical slot), with pi the slot's distribution renormalised over
-them, E_pi[r] = sum over expected a of pi(a), and its gradient is exact. It raises the expected tools and lowers
+them (at temperature 1, whose order is greedy decoding's), E_pi[r] = sum over expected a of pi(a), and its gradient is exact. It raises the expected tools and lowers
 every other tool in proportion to its probability there, so a tool that drifted up in a context where it is wrong
 is pushed back down in that context, sampled or not ("all-action" or expected policy gradients: Sutton et al.
 2001; Ciosek and Whiteson 2018, "Expected Policy Gradients"). It is supervised by the rows' `expected_tools`,
