@@ -15,7 +15,7 @@ name of a confidently chosen tool below the cut as often as not. The slot is the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -57,6 +57,17 @@ def name_token_positions(token_ids: Sequence[int], tokenizer: Any, choices: Acti
     return positions
 
 
+def action_name_positions(trajectory: Trajectory, tokenizer: Any, choices: ActionChoices) -> Iterator[int]:
+    """Indices into `trajectory`'s completion of the tokens that write a tool's name in an action slot of a model
+    turn, in order (lazily: the first costs only the turns up to it)."""
+    position = 0
+    for segment in trajectory.completion_segments:
+        if segment.trainable:
+            for i in name_token_positions(segment.token_ids, tokenizer, choices):
+                yield position + i
+        position += len(segment.token_ids)
+
+
 def weigh_action_tokens(
     advantages: torch.Tensor,
     trajectories: Sequence[Trajectory],
@@ -72,10 +83,6 @@ def weigh_action_tokens(
     tokens = advantages.unsqueeze(1).expand(-1, width) if advantages.dim() == 1 else advantages
     tokens = tokens.clone()
     for row, trajectory in enumerate(trajectories):
-        position = 0
-        for segment in trajectory.completion_segments:
-            if segment.trainable:
-                for i in name_token_positions(segment.token_ids, tokenizer, choices):
-                    tokens[row, position + i] *= weight
-            position += len(segment.token_ids)
+        for i in action_name_positions(trajectory, tokenizer, choices):
+            tokens[row, i] *= weight
     return tokens

@@ -8,11 +8,12 @@ the question, and the groups of other kinds that never sample it have no sample 
 (benchmarks/RUNS.md). Where the reward of each choice is known without running it (the row names its expected
 tools, as `ToolChoice` pays them), the policy gradient of that reward at the slot needs no samples: over the
 slot's choices a (the tools' first tokens of a canonical slot), with pi the slot's distribution renormalised over
-them (at temperature 1, whose order is greedy decoding's), E_pi[r] = sum over expected a of pi(a), and its gradient is exact. It raises the expected tools and lowers
-every other tool in proportion to its probability there, so a tool that drifted up in a context where it is wrong
-is pushed back down in that context, sampled or not ("all-action" or expected policy gradients: Sutton et al.
-2001; Ciosek and Whiteson 2018, "Expected Policy Gradients"). It is supervised by the rows' `expected_tools`,
-as `ToolChoice` is; what the held-out figures measure is unchanged.
+them (at temperature 1, whose order is greedy decoding's), E_pi[r] = sum over expected a of pi(a), and its
+gradient is exact. It raises the expected tools and lowers every other tool in proportion to its probability
+there, so a tool that drifted up in a context where it is wrong is pushed back down in that context, sampled or
+not ("all-action" or expected policy gradients: Sutton et al. 2001; Ciosek and Whiteson 2018, "Expected Policy
+Gradients"). It is supervised by the rows' `expected_tools`, as `ToolChoice` is; what the held-out figures
+measure is unchanged.
 
 The loss adds `-weight * mean(E_pi[r])` over the microbatch's trajectories whose first slot chose a tool and
 whose row names one; the slot's hidden states come from the loss's own forward pass (a hook on the backbone
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from agentic_grpo.action_weight import name_token_positions
+from agentic_grpo.action_weight import action_name_positions
 from agentic_grpo.formats import ActionChoices
 from agentic_grpo.selection import expected_tools
 from agentic_grpo.trajectory import Trajectory
@@ -73,14 +74,9 @@ def choice_targets(
         if not any(expected):
             continue
         targets[row_index] = torch.tensor(expected, dtype=torch.float32)
-        position = 0
-        for segment in trajectory.completion_segments:
-            names = name_token_positions(segment.token_ids, tokenizer, choices) if segment.trainable else []
-            if names:
-                if segment.token_ids[names[0]] in tokens:
-                    slots[row_index] = position + names[0]
-                break
-            position += len(segment.token_ids)
+        first = next(action_name_positions(trajectory, tokenizer, choices), None)
+        if first is not None and trajectory.completion_ids[first] in tokens:
+            slots[row_index] = first
     return slots, targets
 
 
