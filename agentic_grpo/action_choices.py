@@ -13,48 +13,23 @@ itself writes the marker, and is a matter of text (any tokenization of "Action: 
 the one the model prefers included). The mask is one logits processor, used by the transformers backends;
 the slot itself (`ActionChoices`) is part of a format's contract (`agentic_grpo.formats`).
 
-Canonical slots (`ActionChoices.canonical`, ReAct's `canonical_actions`): by default any tokens that spell a
-continuation may be written, so the choice can be carried by a fragment: " " then "lookup", or " l" then
-"ookup". Greedy decoding then picks the likeliest fragment, and GRPO trains whichever tokens were sampled. On
-the toolbox (seed 2), training moved the slot's first token to a lone " " (in 27 of 65 held-out turns after a
-run with a KL penalty, in all 69 with `action_token_weight: 10`), and the tool was then chosen by the token
-after it, a context in which the right tool had barely been trained (benchmarks/RUNS.md). A canonical slot
-follows each continuation's own tokenization, as a grammar over token ids would: the choice is one token among
-the tools' first tokens.
-
-Spreading a group's first actions (`spread_over_groups`, `AgenticGRPOConfig.spread_first_action`): a GRPO group
-learns which tool is right only if one of its G samples tries it. A small model's preferences are sharp and
-shared across a group, so a group of 8 samples of a question about words may never call `string_tool`
-(toolbox, the fifth run: 7 of 24 strings and Python groups did). Given each row's continuation for its first
-slot, the processor holds that row to it, so the G rows of a group try G different tools (each tool G/n
-times); the rest of every turn is the model's own sample.
-
-Guiding a group's first actions (`guide_to_expected`, `AgenticGRPOConfig.guide_first_action`): spreading holds
-most of a group to wrong tools, whose calls then fail and their arguments are trained down with them (the
-toolbox: strict accuracy fell to 4.2%). When the rows name their tool (`expected_tools`), holding one or two of
-the G rows to it gives every group a sample on the right tool for its advantage to compare with what the other
-rows chose themselves. It is the row's label steering exploration, as a hint would; what is paid is still what
-the rewards say the trajectory earned. On the toolbox (one held row of eight) every group found its tool, and
-the policy still drifted to one tool for most kinds (benchmarks/RUNS.md).
+Canonical slots (`ActionChoices.canonical`, `experimental: {canonical_actions: true}`): by default any tokens
+that spell a continuation may be written, so the choice can be carried by a fragment: " " then "lookup", or
+" l" then "ookup". Greedy decoding then picks the likeliest fragment, and GRPO trains whichever tokens were
+sampled, so training can move the choice onto a shared fragment (a lone " ") and the tool is then chosen by the
+token after it. A canonical slot follows each continuation's own tokenization, as a grammar over token ids
+would: the choice is one token among the tools' first tokens.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from agentic_grpo.formats import ActionChoices
-from agentic_grpo.selection import expected_tools
-
-# The one refusal of `spread_first_action` or `guide_first_action` without a slot to hold: by `prepare` (before
-# a model loads) and by the rollout manager (for user code that builds one itself).
-HELD_ACTIONS_NEED_CONSTRAINED_SLOT = (
-    "`spread_first_action` and `guide_first_action` need a format whose action slot is constrained: "
-    "format: react with format_kwargs: {constrain_actions: true}"
-)
 
 
 class ActionChoiceMask:
@@ -148,47 +123,3 @@ class ActionChoiceProcessor:
             return None
         continuation = self.assigned[self.live_rows[row] if self.live_rows is not None else row]
         return None if continuation is None else (continuation,)
-
-
-def _members(groups: Sequence[Hashable]) -> list[list[int]]:
-    """The rows of each group, in order of first appearance."""
-    members: dict[Hashable, list[int]] = {}
-    for row, group in enumerate(groups):
-        members.setdefault(group, []).append(row)
-    return list(members.values())
-
-
-def spread_over_groups(
-    groups: Sequence[Hashable], continuations: Sequence[str], generator: torch.Generator | None = None
-) -> list[str | None]:
-    """For each row (labelled by its group), the continuation its first action slot takes: within a group of
-    several rows, the continuations in a random order, repeated as the group is larger (each taken by
-    `len(group) // len(continuations)` or one more rows); a row alone in its group keeps its own choice (None)."""
-    assigned: list[str | None] = [None] * len(groups)
-    for rows in _members(groups):
-        if len(rows) < 2:
-            continue
-        order = torch.randperm(len(continuations), generator=generator).tolist()
-        for k, row in enumerate(rows):
-            assigned[row] = continuations[order[k % len(order)]]
-    return assigned
-
-
-def guide_to_expected(
-    groups: Sequence[Hashable], rows: Sequence[dict[str, Any]], choices: ActionChoices, per_group: int
-) -> list[str | None]:
-    """For each trajectory (labelled by its group, with its dataset row), the continuation its first action slot
-    takes: the last `per_group` trajectories of a group of several take the continuation of the row's expected
-    tool (of each expected tool in turn, when it names several); the others, and rows that name no tool among
-    the choices, keep their own choice (None). At least one trajectory of a group always chooses freely."""
-    if per_group < 0:
-        raise ValueError(f"`guide_first_action` must be 0 or more, got {per_group}")
-    assigned: list[str | None] = [None] * len(groups)
-    for members in _members(groups):
-        targets = [c for name in sorted(expected_tools(rows[members[0]])) if (c := choices.continuation_of(name))]
-        if not targets:
-            continue
-        held = members[len(members) - min(per_group, len(members) - 1) :]  # a lone row: none held
-        for k, row in enumerate(held):
-            assigned[row] = targets[k % len(targets)]
-    return assigned

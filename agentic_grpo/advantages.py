@@ -193,22 +193,6 @@ def token_advantages(
     return out
 
 
-def batch_baseline_advantages(rewards: Sequence[float]) -> torch.Tensor:
-    """Each trajectory's reward against the mean of every other trajectory of the step (all groups), over the
-    step's reward std (REINFORCE++, Hu 2025, with a leave-one-out mean): `advantage_baseline: batch`.
-
-    Why: GRPO's group mean gives a group whose samples all did the same thing no advantage at all. When a
-    policy drifts to one tool for every kind of question, the groups of the kinds that tool is wrong for
-    sample only it, earn nothing, and so pay nothing to pull it back; against the step's other questions they
-    are below the mean, and their shared choice is pushed down."""
-    values = torch.tensor(rewards, dtype=torch.float32)
-    n = len(values)
-    if n < 2:
-        return torch.zeros(n)
-    others = (values.sum() - values) / (n - 1)
-    return (values - others) / (values.std() + 1e-4)
-
-
 def credit_metrics(
     data: Sequence[TurnData], group_size: int, lam: float = 1.0, gamma: float = 1.0, max_turns: int | None = None
 ) -> dict[str, float]:

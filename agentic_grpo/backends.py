@@ -53,10 +53,9 @@ class GenerationBackend(Protocol):
     ) -> list[Generation]:
         """Continue each token-id list; return new tokens up to and including EOS or the stop string.
 
-        `choices`, when a format constrains its action slot, holds decoding to them there; the rollout manager
-        passes it only then, so a backend that cannot constrain may leave the parameter out. `assigned` (passed
-        only when the trainer spreads first actions) holds row `i`'s first slot of this turn to `assigned[i]`
-        when that is not None."""
+        `choices`, when a format constrains its action slot, holds decoding to them there (a backend that cannot
+        constrain refuses a value). `assigned[i]`, when not None, holds row `i`'s first slot of this turn to that
+        continuation."""
 
 
 class TransformersBackend:

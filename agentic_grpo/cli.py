@@ -146,7 +146,7 @@ def _eval(args: argparse.Namespace) -> int:
     from datasets import load_dataset
 
     from agentic_grpo.data import check_columns
-    from agentic_grpo.evaluate import EvaluationError, evaluate, load_policy_for, write_report
+    from agentic_grpo.evaluate import EvaluationError, correctness_reward_name, evaluate, load_policy_for, write_report
     from agentic_grpo.reward_setup import check_reward_columns
     from agentic_grpo.run_parts import build_recipe
 
@@ -175,6 +175,7 @@ def _eval(args: argparse.Namespace) -> int:
             rows = without_training_questions(rows, built.recipe.dataset)
         if args.k < 1:
             raise ValueError("-k must be at least 1")
+        correctness_reward_name(built.rewards, built.config.correctness_reward)  # before a model loads
         model, tokenizer = load_policy_for(args.model, built.rollout_parts)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -185,7 +186,7 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         metrics, records = evaluate(model, tokenizer, built.rollout_parts, built.rewards, rows, k=args.k,
                                     temperature=args.temperature, top_p=built.config.top_p,
-                                    batch_size=args.batch_size)  # fmt: skip
+                                    batch_size=args.batch_size, correctness=built.config.correctness_reward)  # fmt: skip
     except EvaluationError as exc:  # a reward raised: the trajectories are what its author needs to debug it
         write_report(output, {"model": args.model, "error": str(exc)}, exc.records)
         print(f"error: {exc}\nThe trajectories are in {Path(output).with_suffix('.trajectories.jsonl')}; "

@@ -10,7 +10,7 @@ drives `completions/clipped_ratio` (and the terminated-length metrics beside it)
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -28,20 +28,21 @@ def masked_loss_mask(trajectory: Trajectory, mask_truncated: bool) -> list[int]:
     return [0] * len(mask) if mask_truncated and is_truncated(trajectory) else mask
 
 
-def log_clipped_metrics(trainer: Any, trajectories: list[Trajectory], mode: str) -> None:
-    """Replace the `completions/*` values TRL just logged from its last-token test with finish-reason ones."""
-    metrics = trainer._metrics[mode]
-    if not metrics.get("completions/clipped_ratio"):
-        return
-    device = trainer.accelerator.device
-    truncated = torch.tensor([is_truncated(t) for t in trajectories], dtype=torch.bool, device=device)
-    lengths = torch.tensor([sum(t.loss_mask) for t in trajectories], dtype=torch.float32, device=device)
-    truncated, lengths = trainer.accelerator.gather(truncated), trainer.accelerator.gather(lengths)
-    metrics["completions/clipped_ratio"][-1] = truncated.float().mean().item()
+def clipped_metrics(
+    trajectories: list[Trajectory], gather: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, float]:
+    """`completions/clipped_ratio` and the terminated-length metrics beside it, from finish reasons over every
+    process's trajectories (`gather` is collective): the values that replace those TRL logged from its
+    last-token test."""
+    truncated = torch.tensor([is_truncated(t) for t in trajectories], dtype=torch.bool)
+    lengths = torch.tensor([sum(t.loss_mask) for t in trajectories], dtype=torch.float32)
+    truncated, lengths = gather(truncated).cpu(), gather(lengths).cpu()
     terminated = lengths[~truncated]
     if terminated.numel() == 0:
-        terminated = torch.zeros(1, device=device)
-    for name, value in (("mean", terminated.mean()), ("min", terminated.min()), ("max", terminated.max())):
-        key = f"completions/{name}_terminated_length"
-        if metrics.get(key):
-            metrics[key][-1] = value.item()
+        terminated = torch.zeros(1)
+    return {
+        "completions/clipped_ratio": truncated.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item(),
+        "completions/min_terminated_length": terminated.min().item(),
+        "completions/max_terminated_length": terminated.max().item(),
+    }

@@ -8,6 +8,7 @@ key stops the run at start-up with a suggestion (`read_recipe`).
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
 from dataclasses import dataclass, field, fields
@@ -18,20 +19,49 @@ import torch
 import yaml
 from trl import GRPOConfig, ModelConfig, TrlParser
 
+from agentic_grpo.experimental import ExperimentalConfig
 from agentic_grpo.resources import find_shipped
 from agentic_grpo.sandbox.config import SandboxConfig
 
-# The sandbox owns the defaults of its budgets; the recipe fields that set them take those defaults.
+# The sandbox owns the defaults of its budgets; the recipe's `sandbox` setting overrides them by name.
 _SANDBOX_DEFAULTS = SandboxConfig.__dataclass_fields__
+SANDBOX_LIMITS = ("memory_mb", "workspace_mb", "workspace_inodes", "cpu_cores", "max_processes")
+
+
+# The sections of `AgenticGRPOConfig`'s own fields, in the order its docstring and `--help` show them.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "Rollout: the environment, the format and the budgets of one trajectory": (
+        "environment", "environment_kwargs", "format", "format_kwargs", "max_turns", "max_tokens_per_turn",
+        "max_tool_output_tokens",
+    ),
+    "Tools and sandbox": ("tool_timeout", "tool_workers", "sandbox"),
+    "Rewards and evaluation": ("on_reward_error", "correctness_reward", "eval_before_after", "eval_questions"),
+    "Credit and KL": ("advantage", "turn_lambda", "turn_gamma", "kl_control", "read_prompt_once", "beta"),
+    "Sub-agents": ("subagents",),
+    "Logging and outputs": ("save_trajectories_steps", "overwrite_output_dir", "wandb_mode", "bf16"),
+}  # fmt: skip
+
+
+def _field(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class AgenticGRPOConfig(GRPOConfig):
-    """GRPO training with multi-turn tool-use rollouts.
+    """GRPO training with multi-turn tool-use rollouts: TRL's `GRPOConfig` plus these sections.
 
-    Inherits every field of TRL's `GRPOConfig` (learning rate, `num_generations`,
-    `beta`, `max_completion_length`, vLLM, logging, ...). `max_completion_length` is the
-    token budget of the whole trajectory after the prompt, model and tool tokens together.
+    Rollout: `environment` (the tools), `environment_kwargs`, `format`, `format_kwargs`, `max_turns`,
+    `max_tokens_per_turn`, `max_tool_output_tokens`.
+    Tools and sandbox: `tool_timeout`, `tool_workers`, `sandbox` (mode and limits, one setting).
+    Rewards and evaluation: `on_reward_error`, `correctness_reward`, `eval_before_after`, `eval_questions`.
+    Credit and KL: `advantage`, `turn_lambda`, `turn_gamma`, `kl_control`, `read_prompt_once`.
+    Sub-agents: `subagents`.
+    Logging and outputs: `save_trajectories_steps`, `overwrite_output_dir`, `wandb_mode`.
+
+    Every field of TRL's `GRPOConfig` is inherited (learning rate, `num_generations`, `beta`,
+    `max_completion_length`, vLLM, logging, ...); `max_completion_length` is the token budget of the whole
+    trajectory after the prompt, model and tool tokens together. Experiments (`agentic_grpo.experimental`) are
+    set under one key, `experimental`, and are not listed here.
     """
 
     # TRL defaults to bf16=True (a CPU refuses it) and beta=0.0 (no KL); ours decide bf16 from
@@ -44,231 +74,120 @@ class AgenticGRPOConfig(GRPOConfig):
         default=0.04,
         metadata={"help": "KL coefficient against the frozen reference model (0 disables the reference)."},
     )
-    environment: str = field(
-        default="agentic_grpo.tools.calculator:Calculator",
-        metadata={"help": "Tool environment class by import path (`module:Class`), one instance per trajectory."},
-    )
-    environment_kwargs: dict | str | None = field(
-        default=None, metadata={"help": "Keyword arguments for the environment class's constructor."}
-    )
-    format: str = field(
-        default="react",
-        metadata={
-            "help": "Trajectory format: `react` (Thought/Action/Observation/Final Answer), `artist` "
-            "(<think>/<python>/<output>/<answer> tags), `tool_call` (the chat template's native <tool_call> JSON, "
-            "Hermes/Qwen), or a format class by import path."
-        },
-    )
-    format_kwargs: dict | str | None = field(
-        default=None,
-        metadata={
-            "help": "Keyword arguments of the format class. ReAct: `instructions` (system prompt with {tools}), "
-            "`examples` (few-shot as plain-text strings in the system prompt), `example_turns` (few-shot as earlier "
-            "chat turns: a list of {question, response}), `response_prefix`. ARTIST: `tool`, `instructions`, "
-            "`response_prefix`. tool_call: `instructions`, `answer_pattern`. A misspelled key is refused."
-        },
-    )
-    subagents: list[dict] | str | None = field(
-        default=None,
-        metadata={
-            "help": "Sub-agents the policy can call as tools: a list of `{name, description, ...}`. A call runs the "
-            "sub-agent's whole rollout (its own `environment`, `format`, budgets) and returns its final answer. Who "
-            "answers: `adapter: NAME` (a LoRA adapter on the policy's base model), `model: PATH` (a frozen model) or "
-            "`endpoint: URL` + `endpoint_model` (an OpenAI-compatible server). All keys: "
-            "agentic_grpo.subagents.SubAgentConfig."
-        },
-    )
-    max_turns: int = field(default=6, metadata={"help": "Most model turns per trajectory (each may call a tool)."})
-    max_tokens_per_turn: int = field(default=256, metadata={"help": "Most tokens the model writes in one turn."})
-    max_tool_output_tokens: int = field(
-        default=256,
-        metadata={"help": "Token budget of one tool output; longer output keeps head and tail around a cut marker."},
-    )
-    tool_timeout: float = field(
-        default=_SANDBOX_DEFAULTS["timeout_s"].default,
-        metadata={"help": "Wall-clock seconds allowed per tool call; code tools: the sandbox's deadline, which kills "
-                  "the process tree and returns what the code printed."},
+
+    # --- rollout
+    environment: str = _field(
+        "agentic_grpo.tools.calculator:Calculator",
+        "Tool environment class by import path (`module:Class`), one instance per trajectory.",
     )  # fmt: skip
-    tool_workers: int = field(default=16, metadata={"help": "Tool calls run at once (threads; code runs sandboxed)."})
-    advantage: str = field(
-        default="outcome",
-        metadata={
-            "help": "Advantage estimator (formulas in agentic_grpo.advantages): `outcome` (TRL's GRPO: one advantage "
-            "per trajectory), `turn` (plus turn_lambda x the return of per-turn rewards from each turn on, against "
-            "the leave-one-out mean of the other group members that reached that turn), `anchor` (plus turn_lambda "
-            "x each turn's return, outcome included, against the other members' turns taken from the same "
-            "environment state; needs an environment with `state_hash`)."
-        },
-    )
-    advantage_baseline: str = field(
-        default="group",
-        metadata={
-            "help": "What a trajectory's reward is compared with: `group` (TRL's GRPO: the mean of its own group, "
-            "over the group's std), or `batch` (the mean of every other trajectory of the step, over the step's "
-            "std; REINFORCE++): a group whose samples all chose alike and earned less than the step's other "
-            "questions then pushes that choice down (agentic_grpo.advantages.batch_baseline_advantages)."
-        },
-    )
-    turn_lambda: float = field(
-        default=1.0, metadata={"help": "Weight of the turn-level term of the `turn` and `anchor` advantages."}
-    )
-    turn_gamma: float = field(
-        default=1.0,
-        metadata={"help": "Discount of later turns' rewards in the `turn` and `anchor` returns, in (0, 1]."},
-    )
-    sandbox: str = field(
-        default="auto",
-        metadata={
-            "help": "Sandbox for code-running tools: `auto` (strongest available), `bwrap`, `landlock`, or "
-            "`unsafe-local` (no isolation: an explicit opt-in, warned about every run)."
-        },
-    )
-    sandbox_memory_mb: int = field(
-        default=_SANDBOX_DEFAULTS["memory_mb"].default,
-        metadata={"help": "Memory limit of sandboxed code, in MB (address space per process; with a memory cgroup "
-                  "also the slot's total)."},
+    environment_kwargs: dict | str | None = _field(None, "Keyword arguments for the environment class's constructor.")
+    format: str = _field(
+        "react",
+        "Trajectory format: `react` (Thought/Action/Observation/Final Answer), `artist` "
+        "(<think>/<python>/<output>/<answer> tags), `tool_call` (the chat template's native <tool_call> JSON, "
+        "Hermes/Qwen), or a format class by import path.",
     )  # fmt: skip
-    sandbox_workspace_mb: int = field(
-        default=_SANDBOX_DEFAULTS["workspace_mb"].default,
-        metadata={"help": "Total size of a trajectory's sandbox workspace, in MB (0 = no total cap)."},
+    format_kwargs: dict | str | None = _field(
+        None,
+        "Keyword arguments of the format class. ReAct: `instructions` (system prompt with {tools}), `examples` "
+        "(few-shot as plain text), `example_turns` (few-shot as earlier chat turns: a list of {question, "
+        "response}), `response_prefix`, `constrain_actions` (after `Action:` only a tool's name may follow), "
+        "`constrain_arguments` (the call then opens the tool's JSON). ARTIST: `tool`, `instructions`, "
+        "`response_prefix`. tool_call: `instructions`, `answer_pattern`. A misspelled key is refused.",
+    )  # fmt: skip
+    max_turns: int = _field(6, "Most model turns per trajectory (each may call a tool).")
+    max_tokens_per_turn: int = _field(256, "Most tokens the model writes in one turn.")
+    max_tool_output_tokens: int = _field(
+        256, "Token budget of one tool output; longer output keeps head and tail around a cut marker."
     )
-    sandbox_workspace_inodes: int = field(
-        default=_SANDBOX_DEFAULTS["workspace_inodes"].default,
-        metadata={"help": "Most files and directories in a trajectory's sandbox workspace (with the size cap)."},
+
+    # --- tools and sandbox
+    tool_timeout: float = _field(
+        _SANDBOX_DEFAULTS["timeout_s"].default,
+        "Wall-clock seconds allowed per tool call; code tools: the sandbox's deadline, which kills the process "
+        "tree and returns what the code printed.",
+    )  # fmt: skip
+    tool_workers: int = _field(16, "Tool calls run at once (threads; code runs sandboxed).")
+    sandbox: dict | str | None = _field(
+        "auto",
+        "Sandbox of code-running tools: a mode (`auto`: strongest available, `bwrap`, `landlock`, or "
+        "`unsafe-local`: no isolation, an explicit opt-in warned about every run), or a mapping of the mode and "
+        f"limits: {{mode, {', '.join(SANDBOX_LIMITS)}}} (defaults: "
+        + ", ".join(f"{name} {_SANDBOX_DEFAULTS[name].default}" for name in SANDBOX_LIMITS)
+        + "; memory in MB per process, and the slot's total with a memory cgroup; workspace in MB, 0 = no cap).",
+    )  # fmt: skip
+
+    # --- rewards and evaluation
+    on_reward_error: str = _field(
+        "raise",
+        "A reward function that raises: `raise` stops the run (after writing that step's trajectories), `none` "
+        "logs the error and gives that reward `None` for the batch (left out of the sum, like a failed judge call).",
+    )  # fmt: skip
+    correctness_reward: str | None = _field(
+        None,
+        "The reward (by name, as logged under rewards/<name>) that decides correctness in evaluation "
+        "(`eval_before_after`, `agentic-grpo eval`): a trajectory is correct when it pays at least 1. Default: "
+        "the reward named `correctness`, if the recipe has one.",
+    )  # fmt: skip
+    eval_before_after: bool = _field(
+        False,
+        "Measure held-out accuracy (greedy pass@1 on the test split, same tools and rewards) before and after "
+        "training, print both at the end and write them to `held_out.json`.",
+    )  # fmt: skip
+    eval_questions: int = _field(48, "Test questions `eval_before_after` uses (the first N of the split).")
+
+    # --- credit and KL
+    advantage: str = _field(
+        "outcome",
+        "Advantage estimator (formulas in agentic_grpo.advantages): `outcome` (TRL's GRPO: one advantage per "
+        "trajectory), `turn` (plus turn_lambda x the return of per-turn rewards from each turn on, against the "
+        "leave-one-out mean of the other group members that reached that turn), `anchor` (plus turn_lambda x each "
+        "turn's return, outcome included, against the other members' turns taken from the same environment "
+        "state; needs an environment with `state_hash`).",
+    )  # fmt: skip
+    turn_lambda: float = _field(1.0, "Weight of the turn-level term of the `turn` and `anchor` advantages.")
+    turn_gamma: float = _field(1.0, "Discount of later turns' rewards in the `turn` and `anchor` returns, in (0, 1].")
+    kl_control: dict | str | None = _field(
+        None,
+        "Adaptive KL: `{preset: tool_use|exploration|stable}` and/or `{target, factor, min, max}` (agentic_grpo."
+        "kl_control). `beta` is multiplied by `factor` when the measured KL exceeds 1.5x `target` and divided "
+        "when below 0.5x, within [min, max]; logged as `kl_coef`. Needs beta > 0. Unset: a fixed `beta`.",
+    )  # fmt: skip
+    read_prompt_once: bool = _field(
+        False,
+        "Score a microbatch with each distinct prompt read once (the rows of a GRPO group share their prompt) "
+        "instead of once per row: the same log-probs and gradients to rounding, much less compute when prompts "
+        "are long. Takes effect with several rows of a group in one microbatch (`per_device_train_batch_size` >= "
+        "`num_generations`); not with gradient checkpointing or image inputs.",
+    )  # fmt: skip
+
+    # --- sub-agents
+    subagents: list[dict] | str | None = _field(
+        None,
+        "Sub-agents the policy can call as tools: a list of `{name, description, ...}`. A call runs the "
+        "sub-agent's whole rollout (its own `environment`, `format`, budgets) and returns its final answer. Who "
+        "answers: `adapter: NAME` (a LoRA adapter on the policy's base model), `model: PATH` (a frozen model) or "
+        "`endpoint: URL` + `endpoint_model` (an OpenAI-compatible server). All keys: "
+        "agentic_grpo.subagents.SubAgentConfig.",
+    )  # fmt: skip
+
+    # --- logging and outputs
+    save_trajectories_steps: int = _field(
+        1, "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."
     )
-    sandbox_cpu_cores: float = field(
-        default=_SANDBOX_DEFAULTS["cpu_cores"].default,
-        metadata={"help": "CPU one sandbox slot may use at once, in cores (a cgroup quota where one is in force)."},
-    )
-    sandbox_max_processes: int = field(
-        default=_SANDBOX_DEFAULTS["max_processes"].default,
-        metadata={"help": "Most processes and threads alive at once in one sandbox slot."},
-    )
-    read_prompt_once: bool = field(
-        default=False,
-        metadata={
-            "help": "Score a microbatch with each distinct prompt read once (the rows of a GRPO group share their "
-            "prompt) instead of once per row: the same log-probs and gradients to rounding, much less compute when "
-            "prompts are long. Takes effect with several rows of a group in one microbatch "
-            "(`per_device_train_batch_size` >= `num_generations`); not with gradient checkpointing or image inputs."
-        },
-    )
-    spread_first_action: bool = field(
-        default=False,
-        metadata={
-            "help": "In training rollouts, hold the first action of a GRPO group's G trajectories to G different "
-            "choices (each tool's name G/n times, in a random order per group), so every group compares every "
-            "tool; the rest of each turn is sampled. For exploration where a model's sharp preferences keep a "
-            "group from ever trying the right tool. The held names are not the policy's samples (off-policy, "
-            "as `action_temperature` is); evaluation and greedy decoding are unchanged, and the training "
-            "rollouts' `tools/*` metrics count the held choices. Needs `format_kwargs: {constrain_actions: true}`."
-        },
-    )
-    guide_first_action: int = field(
-        default=0,
-        metadata={
-            "help": "In training rollouts, hold the first action of this many of a GRPO group's G trajectories to "
-            "the tool its row expects (the `expected_tools` column); the other trajectories choose for themselves. "
-            "Every group then has a sample on the right tool to compare the others with, where a small model's "
-            "sharp preferences keep a group from trying it (the held name is not the policy's sample: off-policy, "
-            "as `action_temperature` is). Rows that name no tool are not held. Evaluation is unchanged; the "
-            "training rollouts' `tools/*` metrics count the held choices. Needs "
-            "`format_kwargs: {constrain_actions: true}`, below `num_generations`, not with `spread_first_action`."
-        },
-    )
-    action_token_weight: float = field(
-        default=1.0,
-        metadata={
-            "help": "Multiply the advantage of the tokens that write a tool's name in an action slot (ReAct's "
-            "`Action: <name>`) by this, so the choice of tool weighs that many tokens in the loss; the thought, "
-            "arguments and answer keep weight 1. The name is one or two of the ~50 tokens a trajectory trains, and "
-            "averaged with them it barely moves the choice (agentic_grpo.action_weight). Needs "
-            "`format_kwargs: {constrain_actions: true}` (the format's action slot says where the names are). On "
-            "the toolbox, 10 made the policy drift faster (benchmarks/RUNS.md)."
-        },
-    )
-    choice_gradient_weight: float = field(
-        default=0.0,
-        metadata={
-            "help": "Add to the loss the exact policy gradient, times this, of the tool-choice reward at each "
-            "trajectory's first action slot: the probability the slot gives the row's expected tools (the "
-            "`expected_tools` column), over the tools' first tokens. Where GRPO learns a choice only from the "
-            "tools a group sampled, this lowers every wrong tool in proportion to its probability in that context, "
-            "sampled or not (agentic_grpo.choice_gradient). Supervised by the rows' expected tools, as `ToolChoice` "
-            "is. 0: off. Needs `format_kwargs: {constrain_actions: true, canonical_actions: true}`."
-        },
-    )
-    curriculum_column: str | None = field(
-        default=None,
-        metadata={
-            "help": "Draw training prompts by kind, the kinds the policy does worst on most often: this names the "
-            "dataset column holding each row's kind. Each kind's score is a moving mean of `curriculum_reward` "
-            "over its trajectories (a value in [0, 1]); a kind comes in proportion to 1 - score + 0.15, and a "
-            "batch's prompts are of different kinds where there are enough kinds. Replaces the dataset's order "
-            "(`shuffle_dataset` is ignored); needs `max_steps`. See agentic_grpo.curriculum."
-        },
-    )
-    curriculum_reward: str | None = field(
-        default=None,
-        metadata={
-            "help": "The reward (by name, as logged under rewards/<name>) whose mean per kind steers "
-            "`curriculum_column`; unset: the weighted sum of all rewards."
-        },
-    )
-    save_trajectories_steps: int = field(
-        default=1,
-        metadata={"help": "Write every trajectory of every N-th step to `trajectories/step_N.jsonl` (0 = never)."},
-    )
-    kl_preset: str | None = field(
-        default=None,
-        metadata={
-            "help": "Adaptive KL controller preset: `tool_use`, `exploration` or `stable` (see "
-            "agentic_grpo.kl_control). Unset with no `kl_target`: a fixed `beta`."
-        },
-    )
-    kl_target: float | None = field(
-        default=None,
-        metadata={
-            "help": "Adaptive KL: the KL (per token) to hold. `beta` is multiplied by `kl_factor` when the measured "
-            "KL exceeds 1.5x this and divided when below 0.5x; logged as `kl_coef`. Needs beta > 0."
-        },
-    )
-    kl_factor: float | None = field(default=None, metadata={"help": "Adaptive KL: the multiplicative step (> 1)."})
-    kl_min: float | None = field(default=None, metadata={"help": "Adaptive KL: the lowest coefficient (> 0)."})
-    kl_max: float | None = field(default=None, metadata={"help": "Adaptive KL: the highest coefficient."})
-    eval_before_after: bool = field(
-        default=False,
-        metadata={
-            "help": "Measure held-out accuracy (greedy pass@1 on the test split, same tools and rewards) before "
-            "and after training, print both at the end and write them to `held_out.json`."
-        },
-    )
-    eval_questions: int = field(
-        default=48, metadata={"help": "Test questions used by `eval_before_after` (the first N of the split)."}
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Start over in an `output_dir` that already holds a run, deleting its run files (metrics, "
-            "trajectories, checkpoints). Without it such a run is refused, unless `--resume_from_checkpoint` "
-            "continues it."
-        },
-    )
-    on_reward_error: str = field(
-        default="raise",
-        metadata={
-            "help": "A reward function that raises: `raise` stops the run (after writing that step's "
-            "trajectories), `none` logs the error and gives that reward `None` for the batch (left out of the "
-            "sum, like a failed judge call)."
-        },
-    )
-    wandb_mode: str | None = field(
-        default=None,
-        metadata={
-            "help": "Weights & Biases mode with `report_to: wandb`: `online`, `offline` (files under "
-            "`output_dir/wandb`, upload later with `wandb sync`) or `disabled`. Default: the WANDB_MODE variable."
-        },
-    )
+    overwrite_output_dir: bool = _field(
+        False,
+        "Start over in an `output_dir` that already holds a run, deleting its run files (metrics, trajectories, "
+        "checkpoints). Without it such a run is refused, unless `--resume_from_checkpoint` continues it.",
+    )  # fmt: skip
+    wandb_mode: str | None = _field(
+        None,
+        "Weights & Biases mode with `report_to: wandb`: `online`, `offline` (files under `output_dir/wandb`, "
+        "upload later with `wandb sync`) or `disabled`. Default: the WANDB_MODE variable.",
+    )  # fmt: skip
+
+    # --- experiments (agentic_grpo.experimental), out of `--help`
+    experimental: dict | str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
 
     def __post_init__(self) -> None:
         if self.bf16 is None:  # TRL defaults to bf16, which a CPU refuses
@@ -276,7 +195,7 @@ class AgenticGRPOConfig(GRPOConfig):
         if not torch.cuda.is_available():
             self.dataloader_pin_memory = False  # pinning needs an accelerator; without one it only warns
         super().__post_init__()
-        for name in ("environment_kwargs", "format_kwargs"):
+        for name in ("environment_kwargs", "format_kwargs", "kl_control", "experimental"):
             value = getattr(self, name)
             if isinstance(value, str):
                 setattr(self, name, yaml.safe_load(value))
@@ -285,35 +204,42 @@ class AgenticGRPOConfig(GRPOConfig):
         if isinstance(self.subagents, str):
             self.subagents = yaml.safe_load(self.subagents)
         self.subagents = list(self.subagents or [])
+        self.sandbox = sandbox_settings(self.sandbox)
+        ExperimentalConfig.from_recipe(self.experimental)  # checked here; read through `experiments`
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if self.advantage not in ("outcome", "turn", "anchor"):
             raise ValueError(f"advantage must be `outcome`, `turn` or `anchor`, got `{self.advantage}`")
-        if self.advantage_baseline not in ("group", "batch"):
-            raise ValueError(f"advantage_baseline must be `group` or `batch`, got `{self.advantage_baseline}`")
         if not 0.0 < self.turn_gamma <= 1.0:
             raise ValueError(f"turn_gamma must be in (0, 1], got {self.turn_gamma}")
         if self.turn_lambda < 0:
             raise ValueError(f"turn_lambda must be >= 0, got {self.turn_lambda}")
         if self.on_reward_error not in ("raise", "none"):
             raise ValueError(f"on_reward_error must be `raise` or `none`, got `{self.on_reward_error}`")
-        if not 0 <= self.guide_first_action < self.num_generations:
-            raise ValueError(
-                f"guide_first_action must be from 0 to num_generations - 1 ({self.num_generations - 1}): one "
-                f"trajectory of a group at least chooses for itself; got {self.guide_first_action}"
-            )
-        if self.guide_first_action and self.spread_first_action:
-            raise ValueError("guide_first_action and spread_first_action both hold first actions: set one of them")
-        if self.action_token_weight <= 0:
-            raise ValueError(f"action_token_weight must be above 0, got {self.action_token_weight}")
-        if self.choice_gradient_weight < 0:
-            raise ValueError(f"choice_gradient_weight must be 0 (off) or above, got {self.choice_gradient_weight}")
-        if self.curriculum_column is not None and self.max_steps <= 0:
-            raise ValueError("curriculum_column draws prompts without end (no epochs): set max_steps")
-        if self.curriculum_reward is not None and self.curriculum_column is None:
-            raise ValueError("curriculum_reward steers a curriculum: set curriculum_column too")
         if self.wandb_mode not in (None, "online", "offline", "disabled"):
             raise ValueError(f"wandb_mode must be `online`, `offline` or `disabled`, got `{self.wandb_mode}`")
+
+    @property
+    def experiments(self) -> ExperimentalConfig:
+        """The recipe's `experimental:` options (all off by default)."""
+        return ExperimentalConfig.from_recipe(self.experimental)
+
+
+def sandbox_settings(value: dict | str | None) -> dict[str, Any]:
+    """The recipe's `sandbox` as a mapping `{mode, <limit>: value}`: a plain mode (`bwrap`) or a mapping (its YAML
+    text on the command line); an unknown key is refused with a suggestion, bad values by `SandboxConfig`."""
+    if isinstance(value, str):
+        loaded = yaml.safe_load(value) if value.lstrip().startswith("{") else value
+        value = {"mode": loaded} if isinstance(loaded, str) else loaded
+    value = dict(value or {})
+    known = ("mode", *SANDBOX_LIMITS)
+    for key in value:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else f"; the keys are {list(known)}"
+            raise ValueError(f"recipe field `sandbox`: key `{key}` is not known{hint}")
+    SandboxConfig(**value)  # raises on a bad mode or limit
+    return value
 
 
 @dataclass
@@ -340,6 +266,40 @@ class RecipeArguments:
 RECIPE_TYPES = (RecipeArguments, AgenticGRPOConfig, ModelConfig)
 
 
+TRAIN_DESCRIPTION = (
+    "Train an LLM agent with GRPO on multi-turn tool-use trajectories. A recipe (YAML) sets the fields below; any "
+    "field can be overridden on the command line (`--max_steps 10`). Without arguments: the offline CPU demo."
+)
+
+
+def recipe_parser(prog: str | None = None, for_help: bool = False) -> TrlParser:
+    """TRL's parser of the three recipe dataclasses. With `for_help`, `--help` shows a description, `--config`
+    first, then this project's fields in their sections, then TRL's and the model's fields."""
+    if not for_help:
+        return TrlParser(RECIPE_TYPES, prog=prog, allow_abbrev=False)
+    parser = TrlParser(RECIPE_TYPES, prog=prog, allow_abbrev=False, description=TRAIN_DESCRIPTION,
+                       usage="%(prog)s [--config RECIPE] [--FIELD VALUE ...]")  # fmt: skip
+    # TRL reads `--config` itself before argparse sees the arguments; it is added here for the help text only.
+    recipe = parser.add_argument_group("Recipe")
+    recipe.add_argument("--config", metavar="RECIPE", help="A recipe: a YAML file, or a shipped recipe's name "
+                        "(`cpu_demo`, `cpu_toolbox`, ...). The fields below override it.")  # fmt: skip
+    data = parser.add_argument_group("Data and rewards")
+    sections = {title: parser.add_argument_group(title) for title in SECTIONS}
+    ours = {name: title for title, names in SECTIONS.items() for name in names}
+    ours.update({f.name: "data" for f in fields(RecipeArguments)})
+    rest = parser._optionals  # argparse keeps ungrouped options here: what TRL and the model config add
+    for action in list(rest._group_actions):
+        section = ours.get(action.dest)
+        if section is not None:
+            rest._group_actions.remove(action)
+            (data if section == "data" else sections[section])._group_actions.append(action)
+    rest.title = "TRL's GRPOConfig and ModelConfig (training, generation, vLLM, model, LoRA, logging)"
+    groups = parser._action_groups
+    ordered = [recipe, data, *sections.values()]
+    parser._action_groups = [g for g in groups if g not in ordered and g is not rest] + ordered + [rest]
+    return parser
+
+
 def read_recipe(argv: list[str] | None = None) -> tuple[RecipeArguments, AgenticGRPOConfig, ModelConfig]:
     """Parse `--config recipe.yaml` plus command-line overrides; unknown keys fail with a suggestion."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -352,8 +312,7 @@ def read_recipe(argv: list[str] | None = None) -> tuple[RecipeArguments, Agentic
         check_recipe_keys(yaml.safe_load(path.read_text()) or {}, path)
     flags = {a[2:].split("=")[0].replace("-", "_"): None for a in argv if a.startswith("--") and a != "--config"}
     check_recipe_keys(flags, "command line")
-    parser = TrlParser(RECIPE_TYPES, allow_abbrev=False)
-    return parser.parse_args_and_config(argv)
+    return recipe_parser().parse_args_and_config(argv)
 
 
 def check_recipe_keys(recipe: Any, path: Path | str) -> None:

@@ -113,7 +113,7 @@ class ToolEnvironment:
             hint = f" Did you mean `{guess}`?" if guess else ""
             # The hint comes first: a long tool list is what a token budget cuts (in the middle).
             return _failed(f"Error: unknown tool `{call.name}`.{hint} Available tools: {known}.", start)
-        problem = _check_arguments(_schemas_of(type(self))[call.name], call.arguments)
+        problem = check_arguments(_schemas_of(type(self))[call.name], call.arguments)
         if problem:
             return _failed(f"Error: bad arguments for `{call.name}`: {problem}", start)
 
@@ -198,7 +198,7 @@ def _failed(message: str, start: float) -> ToolResult:
     return ToolResult(output=message, error=message, seconds=time.perf_counter() - start)
 
 
-def _check_arguments(schema: dict[str, Any], arguments: Any) -> str | None:
+def check_arguments(schema: dict[str, Any], arguments: Any) -> str | None:
     """Why `arguments` does not fit the tool's JSON schema, or None when it does."""
     if not isinstance(arguments, dict):
         return f"expected a JSON object, got {type(arguments).__name__}"

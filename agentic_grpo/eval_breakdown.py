@@ -1,10 +1,10 @@
 """Where an evaluation loses its answers: per kind of question, and after a tool already gave the answer.
 
 `answer_lost_rate` counts the trajectories a tool's observation handed the reference answer to and whose final
-answer was still wrong. On the toolbox it showed that strict accuracy was lost after the right call (the
-135M model wrote the prompt example's answer, not the observation's), which selection accuracy and accuracy
-alone cannot tell apart from a wrong call. `kinds/<kind>/...` splits accuracy, selection and that rate by
-the rows' `kind` column, as the recipes' task generators write it.
+answer was still wrong: accuracy lost after the right call (a model that copies the prompt example's
+answer instead of the observation's, say), which selection accuracy and accuracy alone cannot tell apart
+from a wrong call. `kinds/<kind>/...` splits accuracy, selection and that rate by the rows' `kind` column,
+as the recipes' task generators write it.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 No gradient, no trainer: the recipe's environment, format and rewards run through the
 `RolloutManager` on a model (a checkpoint, a LoRA adapter directory, or the untrained
 base). pass@1 decodes greedily; pass@k samples k trajectories per question. A
-trajectory is correct when the recipe's first reward (its correctness reward) gives
-it at least 1.0.
+trajectory is correct when the recipe's correctness reward (recipe field
+`correctness_reward`, default the reward named `correctness`) gives it at least 1.0.
+Its rollout metrics carry the names training logs them under (`tools/call_rate`, ...).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from agentic_grpo.eval_breakdown import kind_breakdown
-from agentic_grpo.run_parts import RolloutParts
+from agentic_grpo.rollout import RolloutStats
+from agentic_grpo.rollout_metrics import rollout_metrics
+from agentic_grpo.rollout_parts import RolloutParts
 from agentic_grpo.selection import selection_counts, selection_metrics, tool_names_of
 from agentic_grpo.trajectory import Trajectory, plain_columns
 
@@ -81,8 +84,10 @@ def evaluate(
     batch_size: int = 16,
     progress: bool = True,
     sandbox_pool: Any = None,
+    correctness: str | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Metrics over `rows` and one record per trajectory; greedy when k == 1, sampling otherwise.
+    """Metrics over `rows` and one record per trajectory; greedy when k == 1, sampling otherwise. `correctness`
+    names the reward that decides correctness (`correctness_reward`; default: the reward named `correctness`).
 
     Code tools run in `sandbox_pool` when given (a trainer's own, so one process never holds two pools that
     compete for the per-slot cgroups), otherwise in a pool opened and closed here. Raises `EvaluationError`,
@@ -92,6 +97,7 @@ def evaluate(
 
     from agentic_grpo.backends import TransformersBackend
 
+    judge_of_correctness = correctness_reward_name(rewards, correctness)
     trajectory_format = parts.trajectory_format
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -116,12 +122,15 @@ def evaluate(
     backend = TransformersBackend(model.eval(), tokenizer, generation_config, eos_ids)
     repeated = [row for row in rows for _ in range(k)]
     trajectories: list[Trajectory] = []
+    stats = RolloutStats()
     try:
         for start in tqdm(range(0, len(repeated), batch_size), desc="eval", disable=not progress):
             chunk = repeated[start : start + batch_size]
             prompts = [trajectory_format.prompt_messages(str(r["question"])) for r in chunk]
-            done, _ = manager.rollout(prompts, chunk, backend)
+            done, chunk_stats = manager.rollout(prompts, chunk, backend)
             trajectories.extend(done)
+            stats.generation_seconds += chunk_stats.generation_seconds
+            stats.tool_seconds += chunk_stats.tool_seconds
     finally:
         manager.close()
         if own_pool and pool is not None:
@@ -132,33 +141,28 @@ def evaluate(
     except Exception as exc:
         records = [{**t.to_dict(), "row": plain_columns(row)} for t, row in zip(trajectories, repeated, strict=True)]
         raise EvaluationError(f"a reward raised {type(exc).__name__}: {exc}", records) from exc
-    correct = [s is not None and s >= 1.0 for s in next(iter(scores.values()))]
+    correct = [s is not None and s >= 1.0 for s in scores[judge_of_correctness]]
     per_question = [any(correct[i * k : (i + 1) * k]) for i in range(len(rows))]
-    calls = [r for t in trajectories for _, r in t.tool_calls]
     n = max(1, len(trajectories))
     metrics = {
         "questions": len(rows),
         "k": k,
         "accuracy": sum(correct) / n,
         f"pass@{k}": sum(per_question) / max(1, len(rows)),
-        "tool_call_rate": sum(bool(t.tool_calls) for t in trajectories) / n,
-        "tool_calls_per_trajectory": len(calls) / n,
-        "tool_error_rate": sum(not r.ok for r in calls) / len(calls) if calls else 0.0,
-        "turns_mean": sum(t.turns for t in trajectories) / n,
-        "tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
-        "invalid_rate": sum(t.invalid for t in trajectories) / n,
+        "correctness_reward": judge_of_correctness,
+        "completions/mean_length": sum(len(t.completion_ids) for t in trajectories) / n,
     }
+    if trajectories:  # the names and formulas training logs (one process: the sums are the local ones)
+        metrics.update(rollout_metrics(trajectories, stats, lambda counts: counts))
     names = tool_names_of(parts)  # tools/selection_accuracy, routing/accuracy, tools/calls/<name>
     agent_names = [agent.name for agent in parts.agents]
     counts = selection_counts(trajectories, repeated, names, agent_names)
     metrics.update(selection_metrics(counts, names))
     metrics.update(kind_breakdown(trajectories, repeated, correct, names, agent_names))
-    if parts.agents:
-        from agentic_grpo.subagents import subagent_usage
+    if parts.agents and trajectories:
+        from agentic_grpo.subagents.usage import subagent_metrics
 
-        subagent_calls, subagent_tokens, _ = subagent_usage(trajectories)
-        metrics["subagent_calls_per_trajectory"] = subagent_calls / n
-        metrics["subagent_tokens_per_trajectory"] = subagent_tokens / n
+        metrics.update(subagent_metrics(trajectories, lambda counts: counts))
     for name, values in scores.items():
         given = [v for v in values if v is not None]
         metrics[f"rewards/{name}/mean"] = sum(given) / len(given) if given else None
@@ -169,6 +173,18 @@ def evaluate(
             {**trajectory.to_dict(), "row": plain_columns(row), "rewards": per_reward, "correct": correct[i]}
         )
     return metrics, records
+
+
+def correctness_reward_name(rewards: list, name: str | None = None) -> str:
+    """The reward that decides correctness: `name` (recipe field `correctness_reward`), or the reward named
+    `correctness`; raises ValueError naming the rewards there are when neither is found."""
+    names = [getattr(func, "__name__", repr(func)) for func in rewards]
+    wanted = name or "correctness"
+    if wanted not in names:
+        how = "is not among" if name else "is not set and no reward is named `correctness` among"
+        raise ValueError(f"`correctness_reward` {f'`{name}` ' if name else ''}{how} the recipe's rewards {names}: set "
+                         "`correctness_reward` to the reward that pays 1 for a correct answer")  # fmt: skip
+    return wanted
 
 
 def score_trajectories(
@@ -218,7 +234,8 @@ def evaluate_held_out(model: str, recipe: str | Path, questions: int, k: int = 1
         raise ValueError(f"recipe `{recipe}` has no held-out split: set `num_test` (or `test_split`)")
     policy, tokenizer = load_policy_for(model, built.rollout_parts)
     rows = list(built.test)[:questions]
-    return evaluate(policy, tokenizer, built.rollout_parts, built.rewards, rows, k=k, progress=False)
+    return evaluate(policy, tokenizer, built.rollout_parts, built.rewards, rows, k=k, progress=False,
+                    correctness=built.config.correctness_reward)  # fmt: skip
 
 
 def held_out_accuracy(trainer: Any, rewards: list, rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -227,7 +244,7 @@ def held_out_accuracy(trainer: Any, rewards: list, rows: list[dict[str, Any]]) -
     was_training = model.training
     try:
         metrics, _ = evaluate(model, trainer.processing_class, trainer.rollout_parts, rewards, rows, k=1,
-                              sandbox_pool=trainer.sandbox_pool)  # fmt: skip
+                              sandbox_pool=trainer.sandbox_pool, correctness=trainer.args.correctness_reward)  # fmt: skip
     finally:
         model.train(was_training)
     return metrics

@@ -30,7 +30,7 @@ class KLSchedule:
     max: float
 
 
-# Named presets for `kl_preset`; any of `kl_target`, `kl_factor`, `kl_min`, `kl_max` overrides a preset's value.
+# Named presets of `kl_control: {preset: NAME}`; any of `target`, `factor`, `min`, `max` overrides a preset's value.
 KL_PRESETS: dict[str, KLSchedule] = {
     # Learning a tool protocol moves the policy a lot at first; allow it, but rein in drift.
     "tool_use": KLSchedule(target=0.05, factor=1.5, min=0.005, max=0.5),
@@ -51,10 +51,10 @@ def resolve_schedule(
     """The schedule a recipe asks for, or None for a fixed `beta`; raises ValueError on bad values."""
     if preset is None and target is None:
         if any(v is not None for v in (factor, kl_min, kl_max)):
-            raise ValueError("kl_factor/kl_min/kl_max need `kl_target` or `kl_preset` (the adaptive KL controller)")
+            raise ValueError("kl_control's factor/min/max need a `target` or a `preset` (the adaptive KL controller)")
         return None
     if preset is not None and preset not in KL_PRESETS:
-        raise ValueError(f"kl_preset `{preset}` is not known; choose one of {sorted(KL_PRESETS)}")
+        raise ValueError(f"kl_control preset `{preset}` is not known; choose one of {sorted(KL_PRESETS)}")
     base = KL_PRESETS[preset] if preset else KLSchedule(target=0.05, factor=1.5, min=0.001, max=1.0)
     schedule = KLSchedule(
         target=base.target if target is None else target,
@@ -63,15 +63,22 @@ def resolve_schedule(
         max=base.max if kl_max is None else kl_max,
     )
     if schedule.target <= 0 or schedule.factor <= 1 or not 0 < schedule.min <= schedule.max:
-        raise ValueError(f"adaptive KL needs kl_target > 0, kl_factor > 1 and 0 < kl_min <= kl_max; got {schedule}")
+        raise ValueError(f"kl_control needs target > 0, factor > 1 and 0 < min <= max; got {schedule}")
     return schedule
 
 
 def schedule_for(config: Any) -> KLSchedule | None:
-    """The schedule an `AgenticGRPOConfig` asks for, checked against its `beta` (the value the controller scales)."""
-    schedule = resolve_schedule(config.kl_preset, config.kl_target, config.kl_factor, config.kl_min, config.kl_max)
+    """The schedule an `AgenticGRPOConfig`'s `kl_control` asks for, checked against its `beta` (the value the
+    controller scales)."""
+    options = dict(config.kl_control or {})
+    unknown = sorted(set(options) - {"preset", "target", "factor", "min", "max"})
+    if unknown:
+        raise ValueError(f"kl_control: {unknown} not known; the keys are preset, target, factor, min, max")
+    schedule = resolve_schedule(
+        options.get("preset"), options.get("target"), options.get("factor"), options.get("min"), options.get("max")
+    )
     if schedule is not None and config.beta == 0:
-        raise ValueError("the adaptive KL controller (kl_preset/kl_target) needs beta > 0: it scales beta")
+        raise ValueError("the adaptive KL controller (kl_control) needs beta > 0: it scales beta")
     return schedule
 
 
@@ -107,7 +114,7 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
     def on_step_end(self, args, state, control, **kwargs):
         metrics = self.trainer._metrics["train"]
         values = metrics["kl"][self._seen :]  # one per micro-batch, already averaged over processes
-        metrics["kl_coef"].append(self.trainer.beta)  # the coefficient this step trained with
+        self.trainer.log_metrics({"kl_coef": self.trainer.beta}, mode="train")  # what this step trained with
         if values:
             measured = sum(float(v) for v in values) / len(values)
             self.trainer.beta = next_beta(self.trainer.beta, measured, self.schedule)

@@ -1,9 +1,9 @@
 """Generation that does not re-read what it has read: each trajectory's keys and values kept across turns.
 
 A rollout calls `generate` once per turn with each live trajectory's whole context. Started from scratch,
-HF `generate` reads all of it again every turn, and reads the G identical copies of each prompt G times:
-profiled on the CPU demo (SmolLM2-135M, 8 questions x G=4, 3 turns), reading contexts ("prefill") was 74%
-of the rollout's model time and the token-by-token decoding the rest.
+HF `generate` reads all of it again every turn, and reads the G identical copies of each prompt G times,
+so as the turns add up, reading contexts ("prefill") can take most of a rollout's model time, more than
+the token-by-token decoding.
 
 `ContextCache` keeps, for every sequence the last call generated, the keys and values of each token the
 model was fed. The next call looks up, per row, the longest stored prefix of its context, lays the stored

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentic_grpo.action_choices import HELD_ACTIONS_NEED_CONSTRAINED_SLOT, guide_to_expected, spread_over_groups
 from agentic_grpo.backends import GenerationBackend
 from agentic_grpo.environment import SANDBOX_GRACE_S, ToolEnvironment
 from agentic_grpo.formats import FinalAnswer, Malformed, TrajectoryFormat
@@ -107,26 +106,17 @@ class RolloutManager:
         prompts: list[Any],
         rows: list[dict[str, Any]],
         backend: GenerationBackend,
-        spread_first_action: bool = False,
-        guide_first_action: int = 0,
+        first_actions: list[str | None] | None = None,
     ) -> tuple[list[Trajectory], RolloutStats]:
         """One trajectory per prompt (prompts arrive already repeated G times per query).
 
-        With `spread_first_action` (and a format that constrains its action slot), the first action of the
-        trajectories that share a prompt is spread over the choices; with `guide_first_action`, that many of them
-        take the row's expected tool (`agentic_grpo.action_choices`)."""
+        `first_actions[i]`, when given and not None, is the continuation trajectory i's first action slot takes
+        (a format that constrains its slot: `agentic_grpo.action_choices`); the rest of the turn is sampled."""
+        if first_actions is not None and getattr(self.format, "action_choices", None) is None:
+            raise ValueError("`first_actions` hold an action slot, and this format constrains none")
         stats = RolloutStats()
         trajectories = [self._start(prompt) for prompt in prompts]
-        first = None
-        if spread_first_action or guide_first_action:
-            choices = getattr(self.format, "action_choices", None)
-            if choices is None:
-                raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
-            groups = [tuple(t.prompt_ids) for t in trajectories]
-            if spread_first_action:
-                first = spread_over_groups(groups, choices.continuations)
-            else:
-                first = guide_to_expected(groups, rows, choices, guide_first_action)
+        first = first_actions
         environments: list[tuple[ToolEnvironment, Any]] = []
         # A backend that keeps each trajectory's keys and values does so for this rollout only.
         session = getattr(backend, "session", contextlib.nullcontext)
@@ -189,14 +179,12 @@ class RolloutManager:
         room = {i: self.limits.max_completion_tokens - len(trajectories[i].completion_ids) for i in live}
         max_new = min(self.limits.max_tokens_per_turn, max(room.values()))
         start = time.perf_counter()
-        choices = getattr(self.format, "action_choices", None)
         generations = backend.generate(
             [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in live],
             self.format.stop,
             max_new,
-            # only when set: backends written before either still plug in
-            **({"choices": choices} if choices else {}),
-            **({"assigned": assigned} if assigned else {}),
+            choices=getattr(self.format, "action_choices", None),
+            assigned=assigned,
         )
         stats.generation_seconds += time.perf_counter() - start
 
@@ -242,10 +230,9 @@ class RolloutManager:
         if self._executor is None:  # started on first use, again after `close()`
             self._executor = ThreadPoolExecutor(max_workers=self.limits.tool_workers, thread_name_prefix="tools")
         delegated = None
-        if self.agents:
-            from agentic_grpo.subagents.agent import DelegatedCalls
-
-            delegated = DelegatedCalls(
+        if self.agents:  # the sub-agents' own class runs their calls (`agentic_grpo.subagents.agent`)
+            delegate = type(next(iter(self.agents.values()))).delegate
+            delegated = delegate(
                 self._executor, self.agents, trajectories, calls, rows, backend, self.tokenizer, self.sandbox_pool
             )
         futures = {

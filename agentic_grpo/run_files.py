@@ -40,7 +40,7 @@ class RunFilesCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._step_start is not None:
-            self.trainer._metrics["train"]["time/step"].append(time.perf_counter() - self._step_start)
+            self.trainer.log_metrics({"time/step": time.perf_counter() - self._step_start}, mode="train")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:

@@ -10,66 +10,15 @@ benchmarks and the reward audit all start from it; none of them rebuilds a part 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from agentic_grpo.environment import ToolEnvironment
-from agentic_grpo.formats import TrajectoryFormat, load_format
-from agentic_grpo.plugins import PluginError, check_options, import_object
-from agentic_grpo.rollout import RolloutLimits, RolloutManager
-
-if TYPE_CHECKING:
-    from agentic_grpo.subagents import SubAgent
-
-
-def load_environment(path: str | type, allow_no_tools: bool = False) -> type[ToolEnvironment]:
-    """The environment class named by a recipe (or given), checked to be a `ToolEnvironment` with valid tool
-    schemas; one without tools only when `allow_no_tools` (an agent whose tools are sub-agents, or none)."""
-    cls = path if isinstance(path, type) else import_object(path, what="environment")
-    if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
-        raise PluginError(f"environment `{path}` is not a subclass of agentic_grpo.ToolEnvironment")
-    if not cls.tools() and not allow_no_tools:
-        raise PluginError(f"environment `{path}` has no tools: add public methods with type hints and docstrings")
-    cls.tool_schemas()  # raises, naming the tool, when a docstring or hint is missing
-    return cls
-
-
-@dataclass
-class RolloutParts:
-    """What a rollout needs from a recipe (see `build_rollout_parts`)."""
-
-    environment: type[ToolEnvironment]
-    environment_kwargs: dict[str, Any]
-    trajectory_format: TrajectoryFormat
-    limits: RolloutLimits
-    sandbox: Any = None
-    """The `SandboxConfig` of code-running environments (None when the environment runs no code)."""
-    environment_factory: Callable[[], ToolEnvironment] | None = field(default=None, repr=False)
-    """Overrides `environment(**environment_kwargs)`, for user code that builds environments itself."""
-    agents: list[SubAgent] = field(default_factory=list)
-    """Sub-agents the policy can call as tools (recipe field `subagents`), each with parts of its own."""
-
-    def make_environment(self) -> ToolEnvironment:
-        if self.environment_factory is not None:
-            return self.environment_factory()
-        return self.environment(**self.environment_kwargs)
-
-    def sandbox_pool(self, rank: int = 0) -> Any:
-        """A slot pool for this process (None when the environment runs no code)."""
-        if self.sandbox is None:
-            return None
-        from agentic_grpo.sandbox import SandboxPool
-
-        return SandboxPool(self.sandbox, rank=rank)
-
-    def rollout_manager(self, tokenizer: Any, sandbox_pool: Any = None) -> RolloutManager:
-        return RolloutManager(
-            self.make_environment, self.trajectory_format, tokenizer, self.limits, sandbox_pool, agents=self.agents
-        )
-
-    def all_agents(self) -> list[SubAgent]:
-        """Every sub-agent of the tree below these parts: children before their own sub-agents."""
-        return [found for agent in self.agents for found in (agent, *agent.parts.all_agents())]
+from agentic_grpo.experimental import EXPERIMENTAL_FORMAT_OPTIONS, ExperimentalConfig
+from agentic_grpo.formats import load_format
+from agentic_grpo.plugins import PluginError, check_options
+from agentic_grpo.rollout import RolloutLimits
+from agentic_grpo.rollout_parts import RolloutParts, load_environment
+from agentic_grpo.subagents.spec import build_subagents
 
 
 @dataclass
@@ -122,9 +71,7 @@ def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dic
 def build_rollout_parts(config: Any, tools_required: bool = True) -> RolloutParts:
     """The rollout side of a recipe's `AgenticGRPOConfig` (sub-agents included); raises ValueError naming what is
     wrong. `tools_required=False` for a sub-agent, which may be a model that only answers."""
-    from agentic_grpo.subagents.spec import build_subagents
-
-    agents = build_subagents(getattr(config, "subagents", None), config)
+    agents = build_subagents(getattr(config, "subagents", None), config, build_rollout_parts)
     environment = load_environment(config.environment, allow_no_tools=True)
     kwargs = dict(config.environment_kwargs or {})
     check_options(environment, kwargs, f"environment `{config.environment}` (recipe field `environment_kwargs`)")
@@ -135,17 +82,19 @@ def build_rollout_parts(config: Any, tools_required: bool = True) -> RolloutPart
     if not schemas and tools_required:
         raise PluginError(f"environment `{config.environment}` has no tools: add public methods with type hints and "
                           "docstrings, or sub-agents (recipe field `subagents`)")  # fmt: skip
-    trajectory_format = load_format(config.format, schemas, **(config.format_kwargs or {}))
+    format_kwargs = dict(config.format_kwargs or {})
+    experimental = sorted(set(format_kwargs) & set(EXPERIMENTAL_FORMAT_OPTIONS))
+    if experimental:
+        raise PluginError(f"format_kwargs {experimental} are experimental options: set them under `experimental:` "
+                          "(agentic_grpo.experimental)")  # fmt: skip
+    experiments = ExperimentalConfig.from_recipe(getattr(config, "experimental", None))
+    trajectory_format = load_format(config.format, schemas, **format_kwargs, **experiments.format_kwargs())
     sandbox = None
     if environment.needs_sandbox or any(a.parts.sandbox is not None for a in agents):
-        from agentic_grpo.sandbox import SandboxConfig
+        from agentic_grpo.sandbox.config import SandboxConfig
 
         # The sandbox owns the deadline of code tools: `tool_timeout` is its per-command limit.
-        sandbox = SandboxConfig(
-            mode=config.sandbox, timeout_s=config.tool_timeout, memory_mb=config.sandbox_memory_mb,
-            workspace_mb=config.sandbox_workspace_mb, workspace_inodes=config.sandbox_workspace_inodes,
-            cpu_cores=config.sandbox_cpu_cores, max_processes=config.sandbox_max_processes,
-        )  # fmt: skip
+        sandbox = SandboxConfig(timeout_s=config.tool_timeout, **config.sandbox)
     return RolloutParts(
         environment, kwargs, trajectory_format, RolloutLimits.from_config(config), sandbox, agents=agents
     )

@@ -17,7 +17,7 @@ The trainer sums the counts over processes before dividing; `agentic-grpo eval` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentic_grpo.trajectory import Trajectory
@@ -93,15 +93,13 @@ def tool_names_of(parts: Any) -> list[str]:
     return [*parts.environment.tools(), *(agent.name for agent in parts.agents)]
 
 
-def log_selection_metrics(trainer: Any, trajectories: list[Trajectory], rows: list[dict[str, Any]]) -> None:
-    """A trainer's batch: counts summed over processes (every process calls it: the gather is collective)."""
-    import torch
-
-    parts = trainer.rollout_parts
+def batch_selection_metrics(
+    trajectories: list[Trajectory],
+    rows: list[dict[str, Any]],
+    parts: Any,
+    sum_over_processes: Callable[[list[float]], list[float]],
+) -> dict[str, float]:
+    """A training batch's selection metrics, counts summed over processes (collective: every process calls it)."""
     names = tool_names_of(parts)
     local = selection_counts(trajectories, rows, names, [a.name for a in parts.agents])
-    counts = torch.tensor(local, dtype=torch.float64, device=trainer.accelerator.device)
-    summed = trainer.accelerator.gather(counts).view(-1, counts.numel()).sum(0).tolist()
-    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
-    for name, value in selection_metrics(summed, names).items():
-        metrics[name].append(value)
+    return selection_metrics(sum_over_processes([float(c) for c in local]), names)

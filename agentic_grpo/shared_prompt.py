@@ -1,11 +1,11 @@
 """Log-probabilities of a microbatch whose rows share prompts, each distinct prompt read once.
 
 A GRPO group is G trajectories of one prompt. TRL scores a microbatch by reading every row whole, so a
-prompt is read (forward and backward) once per row: on the toolbox recipe the prompt (eight tool
-descriptions and two worked examples) is ~600 of a trajectory's ~870 tokens, and reading it G times was
-most of a training step. Here the microbatch's distinct prompts are read once, with gradients, into a
-key/value cache; the cache is indexed out to the rows (the indexing's backward sums the rows' gradients
-into the one read) and each row's completion is read on top of it. That is the same function of the
+prompt is read (forward and backward) once per row. With tool descriptions and worked examples the
+prompt can be most of a trajectory's tokens, and reading it G times most of a training step. Here the
+microbatch's distinct prompts are read once, with gradients, into a key/value cache; the cache is indexed
+out to the rows (the indexing's backward sums the rows' gradients into the one read) and each row's
+completion is read on top of it. That is the same function of the
 weights, so log-probs and gradients equal TRL's to rounding (`tests/test_shared_prompt.py`), for one
 prompt's cost per distinct prompt instead of one per row.
 

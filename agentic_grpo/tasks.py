@@ -23,9 +23,10 @@ _STORIES = [
 ]
 
 
-def split_of(a: int, b: int, test_fraction: float = 0.1) -> str:
-    """`test` or `train` for the operand pair, by a hash that does not depend on any seed."""
-    digest = hashlib.sha256(f"{min(a, b)}x{max(a, b)}".encode()).digest()
+def split_of(key: str, test_fraction: float = 0.1) -> str:
+    """`test` or `train` for a task, by a hash of its key (what makes two tasks the same: an operand pair, a
+    looked-up fact) that no seed changes, so no seed ever puts a test task in a training set."""
+    digest = hashlib.sha256(key.encode()).digest()
     return "test" if int.from_bytes(digest[:8], "big") / 2**64 < test_fraction else "train"
 
 
@@ -52,7 +53,7 @@ def multiplication_word_problems(
         if (a, b) in seen:
             continue
         seen.add((a, b))
-        split = split_of(a, b)
+        split = split_of(f"{min(a, b)}x{max(a, b)}")
         if len(splits[split]) >= wanted[split]:
             continue
         if word_problems:

@@ -32,11 +32,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         argv = ["--config", DEFAULT_RECIPE]
         print(f"No recipe given: running the offline CPU demo (recipe `{DEFAULT_RECIPE}`).", flush=True)
     if argv[0] in ("-h", "--help"):
-        from trl import TrlParser
+        from agentic_grpo.config import recipe_parser
 
-        from agentic_grpo.config import RECIPE_TYPES
-
-        TrlParser(RECIPE_TYPES, prog=prog or Path(sys.argv[0]).name).parse_args_and_config(argv)
+        recipe_parser(prog or Path(sys.argv[0]).name, for_help=True).print_help()
         return 0
     try:
         prepared = prepare(argv)
@@ -66,10 +64,9 @@ def prepare(argv: list[str]) -> PreparedRun:
     from transformers import set_seed
     from trl import get_peft_config
 
-    from agentic_grpo.action_choices import HELD_ACTIONS_NEED_CONSTRAINED_SLOT
-    from agentic_grpo.action_weight import ACTION_WEIGHT_NEEDS_SLOT
-    from agentic_grpo.choice_gradient import CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT
     from agentic_grpo.data import add_prompts
+    from agentic_grpo.experimental.choice_gradient import CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT
+    from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT
     from agentic_grpo.models import resolve_model
     from agentic_grpo.run_parts import build_recipe
     from agentic_grpo.trainer import check_trainer_setup
@@ -93,13 +90,16 @@ def prepare(argv: list[str]) -> PreparedRun:
     slot = getattr(parts.trajectory_format, "action_choices", None)
     if config.use_vllm and slot:
         raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code
-    if (config.spread_first_action or config.guide_first_action) and not slot:
-        raise ValueError(HELD_ACTIONS_NEED_CONSTRAINED_SLOT)
-    if config.action_token_weight != 1.0 and not slot:
-        raise ValueError(ACTION_WEIGHT_NEEDS_SLOT)
-    if config.choice_gradient_weight and not (slot and slot.canonical):
+    experiments = config.experiments
+    if experiments.spread_first_action and not slot:
+        raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
+    if experiments.choice_gradient_weight and not (slot and slot.canonical):
         raise ValueError(CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT)
     train, test = built.train, built.test
+    if config.eval_before_after:
+        from agentic_grpo.evaluate import correctness_reward_name
+
+        correctness_reward_name(rewards, config.correctness_reward)
     if config.eval_strategy != "no" and test is None:
         raise ValueError("`eval_strategy` asks for evaluation but the dataset has no test split (`test_split`)")
     model_path = resolve_model(model_config.model_name_or_path or "")
@@ -159,7 +159,7 @@ def run(prepared: PreparedRun) -> int:
             print(
                 f"  held-out accuracy (greedy pass@1, {before['questions']} questions never trained on): "
                 f"{before['accuracy']:.1%} before -> {after['accuracy']:.1%} after; tool-call rate "
-                f"{before['tool_call_rate']:.0%} -> {after['tool_call_rate']:.0%} ({Path(config.output_dir) / 'held_out.json'})",
+                f"{before['tools/call_rate']:.0%} -> {after['tools/call_rate']:.0%} ({Path(config.output_dir) / 'held_out.json'})",
                 flush=True,
             )
             for key, what in (("tools/selection_accuracy", "tool selection"), ("routing/accuracy", "routing")):

@@ -1,11 +1,21 @@
 """`AgenticGRPOTrainer`: TRL's `GRPOTrainer` with multi-turn tool-use rollouts.
 
-TRL does the algorithm: group advantages, the clipped GRPO loss under the `env_mask`
-we return (tool tokens count for nothing), the KL term against the frozen reference,
-DeepSpeed/FSDP/PEFT, vLLM and logging. We add, through its public `rollout_func` seam:
-the rollout manager (turn loop, tools, sandbox), tool and trajectory metrics, the time
-split of a step, and the run files (`metrics.jsonl`, `trajectories/step_N.jsonl`). Sub-agents with
-`train: true` learn in the same run, each on a LoRA adapter of its own (`agentic_grpo.subagents.cotrain`).
+TRL does the algorithm: group advantages, the clipped GRPO loss under the `env_mask` we return (tool tokens
+count for nothing), the KL term against the frozen reference, DeepSpeed/FSDP/PEFT, vLLM and logging. One
+training step, in order:
+
+1. `_generate_and_score_completions` (TRL's, wrapped): the batch's dataset rows are bound for `_rollout`, and
+   the policy samples with dropout off.
+2. `_rollout` (TRL's public `rollout_func` seam): the rollout manager runs the turn loop (tools, sandbox) and
+   returns prompt/completion ids, the loss mask (`env_mask`) and the `Trajectory` records.
+3. `_calculate_rewards` (TRL's, wrapped): the rewards score each trajectory; a missing reward (`None`) is
+   filled with its group's mean, and each trajectory records what it was paid.
+4. Advantages, one step in one order (`_advantages`): TRL's group advantage of the outcome, then per-turn credit
+   (recipe field `advantage`), then co-trained sub-agents' own group advantages over their children.
+5. `compute_loss`: TRL's loss, plus co-trained roles' losses (and, experimental, the choice-gradient term).
+
+Metrics enter TRL's logs in one place, `log_metrics`. The private TRL/transformers methods this trainer
+overrides or calls are listed in `PRIVATE_SEAMS`; a test checks their signatures against the installed TRL.
 """
 
 from __future__ import annotations
@@ -23,30 +33,60 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from agentic_grpo.action_weight import weigh_action_tokens
-from agentic_grpo.advantages import assign_turn_credit, batch_baseline_advantages
+from agentic_grpo.advantages import assign_turn_credit
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.checkpoints import AtomicCheckpoints
-from agentic_grpo.choice_gradient import choice_loss, choice_targets, choice_tokens, recorded_hidden_states
-from agentic_grpo.clipped import log_clipped_metrics, masked_loss_mask
+from agentic_grpo.clipped import clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.curriculum import check_curriculum_column, curriculum_for
 from agentic_grpo.environment import ToolEnvironment
+from agentic_grpo.experimental.choice_gradient import (
+    choice_loss,
+    choice_targets,
+    choice_tokens,
+    recorded_hidden_states,
+)
+from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT, spread_over_groups
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.reward_setup import guard_rewards
-from agentic_grpo.rollout_metrics import log_rollout_metrics
+from agentic_grpo.rollout_metrics import rollout_metrics
+from agentic_grpo.rollout_parts import RolloutParts
 from agentic_grpo.run_files import RunFilesCallback, trajectory_records
-from agentic_grpo.run_parts import RolloutParts, build_rollout_parts
-from agentic_grpo.selection import log_selection_metrics
+from agentic_grpo.run_parts import build_rollout_parts
+from agentic_grpo.selection import batch_selection_metrics
 from agentic_grpo.shared_prompt import ReadPromptOnce
+from agentic_grpo.subagents.usage import subagent_metrics
 from agentic_grpo.trajectory import Trajectory
 from agentic_grpo.vllm_backend import VLLMBackend
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
 # We use `rollout_func` on purpose; TRL's "experimental" banner would only alarm users.
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+# Every private TRL/transformers method this trainer (with its mixins and co-training) overrides or calls, with
+# the parameters it relies on. `tests/test_trl_seams.py` compares them with the installed TRL, so an upgrade
+# that changes one fails naming it instead of training wrong.
+PRIVATE_SEAMS: dict[str, tuple[str, ...]] = {
+    "GRPOTrainer._generate_and_score_completions": ("self", "inputs"),
+    "GRPOTrainer._calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+    "GRPOTrainer._get_per_token_logps_and_entropies": (
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+    ),  # fmt: skip
+    # Attributes (no parameters): {"train"|"eval": {name: [values]}}, written only by `log_metrics`; and the
+    # engine helper whose `summon_full_params` generation runs under with FSDP (`TrainerBackend`).
+    "GRPOTrainer._metrics": (),
+    "GRPOTrainer._dist": (),
+    "Trainer._load_from_checkpoint": ("self", "resume_from_checkpoint", "model"),
+    "Trainer._load_callback_state": ("self",),
+    "Trainer._get_output_dir": ("self", "trial"),
+    "GRPOTrainer._save_checkpoint": ("self", "model", "trial"),
+}
 
 
 def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -> None:
@@ -145,12 +185,14 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             )
         self.rollout_parts = parts
         self.trajectory_format = parts.trajectory_format
-        check_curriculum_column(args.curriculum_column, train_dataset)  # before the model loads
+        self.experiments = args.experiments
+        slot = getattr(parts.trajectory_format, "action_choices", None)
+        if self.experiments.spread_first_action and slot is None:
+            raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
         super().__init__(
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
             rollout_func=self._rollout, **kwargs,
         )  # fmt: skip
-        self.curriculum = curriculum_for(args, train_dataset, self.reward_func_names)
         # TRL's `mask_truncated_completions` tests the last token (not EOS = cut), which mislabels
         # trajectories ending on a stop string or out of turns; we mask by finish reason in `env_mask`.
         self.mask_truncated_by_finish_reason = self.mask_truncated_completions
@@ -159,31 +201,22 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         if self.sandbox_pool is not None:  # slots and workspaces go with the trainer, or at exit
             weakref.finalize(self, self.sandbox_pool.close)
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
-        self.choice_tokens = None  # the first action slot's choices, for `choice_gradient_weight`
-        if args.choice_gradient_weight:
-            self.choice_tokens = choice_tokens(
-                self.processing_class, getattr(parts.trajectory_format, "action_choices", None)
-            )
+        self.choice_tokens = None  # the first action slot's choices, for the experimental `choice_gradient_weight`
+        if self.experiments.choice_gradient_weight:
+            self.choice_tokens = choice_tokens(self.processing_class, slot)
         self.cotraining = None  # sub-agents trained with the policy, each on its own adapter
         if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
             from agentic_grpo.subagents.cotrain import CoTraining
 
             self.cotraining = CoTraining.for_trainer(self, parts.all_agents())
-        self.generation_backend = generation_backend
+        # One backend for the trainer's life: HF `generate` on the policy, or TRL's vLLM engine.
+        self.generation_backend = generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
         self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
         self._last_trajectory_step: int | None = None  # the step whose trajectory file was written last
         self.add_callback(RunFilesCallback(self))
         schedule = schedule_for(args)
         if schedule is not None:
             self.add_callback(AdaptiveKLCallback(self, schedule))
-
-    def _get_train_sampler(self, dataset: Any = None) -> Any:
-        """TRL's sampler, or with `curriculum_column` one that draws each batch's kinds by their live scores."""
-        if self.curriculum is None or (dataset is not None and dataset is not self.train_dataset):
-            return super()._get_train_sampler(dataset)
-        return self.curriculum.sampler(
-            self.num_generations, self.args.generation_batch_size, self.num_iterations * self.args.steps_per_generation
-        )
 
     # --- one generation: rows in, trajectories out -------------------------------------
 
@@ -205,43 +238,26 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
                 if path is not None:
                     print(f"The step's trajectories are in {path}", flush=True)
             raise
-        if self.args.advantage_baseline == "batch":  # every process's rewards: the baseline is the whole step's
-            everyone = batch_baseline_advantages(gather_object([row["trajectory"].reward for row in inputs]))
-            first = self.accelerator.process_index * len(inputs)
-            output["advantages"] = everyone[first : first + len(inputs)].to(output["advantages"].device)
+        trajectories = [row["trajectory"] for row in inputs]
+        # TRL counted a completion cut when its last token is not EOS; a trajectory is cut when a budget cut it.
+        gather = lambda tensor: self.accelerator.gather(tensor.to(self.accelerator.device))  # noqa: E731
+        self.log_metrics(clipped_metrics(trajectories, gather), replace=True)
         outcome_advantages = output.get("advantages")
-        self._assign_turn_credit(inputs, output)
-        if self.args.action_token_weight != 1.0:
-            output["advantages"] = weigh_action_tokens(
-                output["advantages"],
-                [row["trajectory"] for row in inputs],
-                self.processing_class,
-                getattr(self.rollout_manager.format, "action_choices", None),
-                self.args.action_token_weight,
-                output["completion_ids"].shape[1],
-            )
-        if self.choice_tokens is not None and self.model.training:
-            slots, targets = choice_targets(
-                [row["trajectory"] for row in inputs], rows, self.processing_class,
-                self.trajectory_format.action_choices, self.choice_tokens,
-            )  # fmt: skip
-            device = output["completion_ids"].device
-            output["choice_slots"], output["choice_targets"] = slots.to(device), targets.to(device)
-        if self.cotraining is not None:  # each trained sub-agent's children, with their own group advantages
-            mode = "train" if self.model.training else "eval"
-            with dropout_off(self.model):
-                output["role_samples"] = self.cotraining.samples_for(inputs, mode)
+        self._advantages(inputs, rows, output)
         self._log_raw_reward_means(inputs)
         if self.model.training:
             self._save_trajectories(inputs, outcome_advantages)
         return output
 
-    def _assign_turn_credit(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> None:
-        """Replace TRL's per-sequence advantages by per-token ones (recipe field `advantage`), and log the
-        per-turn reward and no-signal metrics of every estimator (`agentic_grpo.advantages`)."""
+    def _advantages(self, inputs: list[dict[str, Any]], rows: list[dict[str, Any]], output: dict[str, Any]) -> None:
+        """The one advantage step, in this order: TRL's group advantage of each trajectory's outcome (already in
+        `output["advantages"]`), then per-token credit per turn (recipe field `advantage`), then each co-trained
+        sub-agent's children with their own group advantages (`output["role_samples"]`). The experimental choice
+        gradient adds its slot targets (`output["choice_slots"]`, `["choice_targets"]`)."""
         mode = "train" if self.model.training else "eval"
+        trajectories = [row["trajectory"] for row in inputs]
         tokens, metrics = assign_turn_credit(
-            [row["trajectory"] for row in inputs],
+            trajectories,
             output["advantages"],
             dict(zip(self.reward_func_names, self.reward_weights.tolist(), strict=True)),
             estimator=self.args.advantage,
@@ -255,8 +271,27 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         )
         if tokens is not None:
             output["advantages"] = tokens
-        for name, value in metrics.items():
-            self._metrics[mode][name].append(value)
+        self.log_metrics(metrics)
+        if self.cotraining is not None:  # each trained sub-agent's children, with their own group advantages
+            with dropout_off(self.model):
+                output["role_samples"] = self.cotraining.samples_for(inputs, mode)
+        if self.choice_tokens is not None and self.model.training:
+            slots, targets = choice_targets(
+                trajectories, rows, self.processing_class, self.trajectory_format.action_choices, self.choice_tokens
+            )
+            device = output["completion_ids"].device
+            output["choice_slots"], output["choice_targets"] = slots.to(device), targets.to(device)
+
+    def log_metrics(self, values: dict[str, float], mode: str | None = None, replace: bool = False) -> None:
+        """The one place this trainer's metrics enter TRL's logs (`mode`: default from the model's mode), where
+        TRL averages each over the logging step. `replace` overwrites the value TRL logged last under that name
+        (none is added where TRL logged none)."""
+        metrics = self._metrics[mode or ("train" if self.model.training else "eval")]
+        for name, value in values.items():
+            if not replace:
+                metrics[name].append(value)
+            elif metrics.get(name):
+                metrics[name][-1] = value
 
     @contextlib.contextmanager
     def _rows_of(self, rows: list[dict[str, Any]]) -> Any:
@@ -271,18 +306,18 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         rows = self._batch_rows
         if rows is None or len(rows) != len(prompts):
             raise RuntimeError("rollout called outside `_generate_and_score_completions`, or with other prompts")
-        backend = self.generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
-        # Passed only when set, so a rollout manager written before it (a benchmark's replay) still plugs in.
-        held = {"spread_first_action": True} if self.args.spread_first_action else {}
-        if self.args.guide_first_action:
-            held["guide_first_action"] = self.args.guide_first_action
-        trajectories, stats = self.rollout_manager.rollout(prompts, rows, backend, **held)
-        log_rollout_metrics(self, trajectories, stats)
-        log_selection_metrics(self, trajectories, rows)
+        first_actions = None
+        if self.experiments.spread_first_action and self.model.training:
+            continuations = self.trajectory_format.action_choices.continuations
+            first_actions = spread_over_groups([repr(prompt) for prompt in prompts], continuations)
+        trajectories, stats = self.rollout_manager.rollout(prompts, rows, self.generation_backend, first_actions)
+        metrics = rollout_metrics(trajectories, stats, self._sum_over_processes)
+        metrics.update(batch_selection_metrics(trajectories, rows, self.rollout_parts, self._sum_over_processes))
         if self.rollout_parts.agents:
-            from agentic_grpo.subagents.usage import log_subagent_metrics
-
-            log_subagent_metrics(self, trajectories)
+            metrics.update(subagent_metrics(trajectories, self._sum_over_processes))
+        if self.sandbox_pool is not None:  # sandbox/downgraded, sandbox/cgroup: a silent fallback shows in the logs
+            metrics.update(self.sandbox_pool.metrics())
+        self.log_metrics(metrics)
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
@@ -290,6 +325,11 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             "env_mask": [masked_loss_mask(t, self.mask_truncated_by_finish_reason) for t in trajectories],
             "trajectory": trajectories,
         }
+
+    def _sum_over_processes(self, counts: list[float]) -> list[float]:
+        """Counts summed element-wise over every process (collective: every process calls it)."""
+        local = torch.tensor(counts, dtype=torch.float64, device=self.accelerator.device)
+        return self.accelerator.gather(local).view(-1, local.numel()).sum(0).tolist()
 
     def _sampling_logprobs(self, trajectories: list[Trajectory]) -> list[list[float]] | None:
         """Each completion's sampling log-probs (vLLM), or None (HF generate: TRL recomputes them when needed)."""
@@ -307,15 +347,14 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         start = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._metrics[mode]["time/reward"].append(time.perf_counter() - start)
+        self.log_metrics({"time/reward": time.perf_counter() - start})
         filled = fill_missing_with_group_mean(
             rewards, self.num_generations if mode == "train" else self.num_generations_eval
         )
         weights = self.reward_weights.to(rewards.device)
         first = self.accelerator.process_index * len(inputs)  # `rewards` holds every process's rows
         local = slice(first, first + len(inputs))
-        totals = (filled * weights).nansum(dim=1)  # every process's rows: the curriculum reads them all
-        trained = totals[local].tolist()
+        trained = (filled[local] * weights).nansum(dim=1).tolist()
         for row, scores, reward in zip(inputs, rewards[local].tolist(), trained, strict=True):
             trajectory = row["trajectory"]
             trajectory.rewards = {  # as the rewards gave them: None stays None in the trajectory files
@@ -323,11 +362,6 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
                 for name, score in zip(self.reward_func_names, scores, strict=True)
             }
             trajectory.reward = reward  # what the advantage was computed from (a None counted as its group's mean)
-        if self.curriculum is not None and mode == "train":  # every process folds in every process's rows
-            kinds = gather_object([row[self.curriculum.column] for row in inputs])
-            self.curriculum.observe(kinds, self.curriculum.scores_of(rewards, totals, self.reward_func_names))
-            for key, value in self.curriculum.metrics().items():
-                self._metrics["train"][key].append(value)
         return filled
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -341,8 +375,9 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         return loss + sum(role_losses.values())
 
     def _policy_loss(self, model, inputs, return_outputs, num_items_in_batch):
-        """TRL's loss, plus under `choice_gradient_weight` the exact gradient of the tool-choice reward at the
-        first action slots, from the hidden states of TRL's own forward pass (agentic_grpo.choice_gradient)."""
+        """TRL's loss, plus under the experimental `choice_gradient_weight` the exact gradient of the tool-choice
+        reward at the first action slots, from the hidden states of TRL's own forward pass
+        (agentic_grpo.experimental.choice_gradient)."""
         if "choice_slots" not in inputs or not model.training:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         unwrapped = self.accelerator.unwrap_model(model)
@@ -353,8 +388,9 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             unwrapped.get_output_embeddings(), self.choice_tokens,
         )  # fmt: skip
         gathered = self.accelerator.gather(probability.to(loss.device).reshape(1))
-        self._metrics["train"]["tools/choice_probability"].append(gathered.nanmean().item())
-        return loss + self.args.choice_gradient_weight * term / self.current_gradient_accumulation_steps
+        self.log_metrics({"tools/choice_probability": gathered.nanmean().item()}, mode="train")
+        weight = self.experiments.choice_gradient_weight
+        return loss + weight * term / self.current_gradient_accumulation_steps
 
     def create_optimizer(self, model: Any = None) -> Any:
         """The Trainer's optimizer, with each co-trained sub-agent's adapter in parameter groups of its own (its
@@ -371,12 +407,6 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         if self.cotraining is not None:
             self.cotraining.make_trainable()
 
-    def _generate(self, prompts: list) -> Any:
-        output = super()._generate(prompts)
-        extra_fields = output[5]
-        log_clipped_metrics(self, extra_fields["trajectory"], "train" if self.model.training else "eval")
-        return output
-
     def _log_raw_reward_means(self, inputs: list[dict[str, Any]]) -> None:
         """`rewards/<name>/mean` and `/std` over the trajectories each reward really scored (not the filled values)."""
         scored = gather_object([row["trajectory"].rewards for row in inputs if "trajectory" in row])
@@ -384,11 +414,10 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             return
         names = self.reward_func_names
         raw = torch.tensor([[nan_if_none(r.get(n)) for n in names] for r in scored], dtype=torch.float32)
-        metrics = self._metrics["train" if self.model.training else "eval"]
+        values = {}
         for name, mean, std in zip(names, *raw_reward_means(raw), strict=True):
-            for key, value in ((f"rewards/{name}/mean", mean), (f"rewards/{name}/std", std)):
-                if metrics.get(key):
-                    metrics[key][-1] = value
+            values[f"rewards/{name}/mean"], values[f"rewards/{name}/std"] = mean, std
+        self.log_metrics(values, replace=True)
 
     # --- files ----------------------------------------------------------------------
 

@@ -60,9 +60,14 @@ class VLLMBackend:
             self.vllm.max_completion_length, self.vllm.generation_kwargs = saved_budget, saved_kwargs
 
     def generate(
-        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: Any = None
+        self,
+        batch: list[list[int]],
+        stop: list[str],
+        max_new_tokens: int,
+        choices: Any = None,
+        assigned: Any = None,
     ) -> list[Generation]:
-        if choices is not None:
+        if choices is not None or assigned is not None:
             raise ValueError(NO_CONSTRAINED_ACTIONS)
         with self._turn_settings(stop, max_new_tokens):
             _, completion_ids, logprobs, _ = self.vllm.generate(prompts=batch, images=None, num_generations=1)

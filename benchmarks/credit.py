@@ -71,7 +71,7 @@ def strict_accuracy(model: str, recipe_path: Path, questions: int) -> dict[str, 
     metrics, records = evaluate_held_out(model, recipe_path, questions)
     strict = [r["correct"] and r["final_answer"] is not None and r["malformed_turns"] == 0 for r in records]
     return {"strict_accuracy": sum(strict) / len(strict), "accuracy": metrics["accuracy"],
-            "turns_mean": metrics["turns_mean"]}  # fmt: skip
+            "turns_mean": metrics["trajectories/turns_mean"]}  # fmt: skip
 
 
 def train_and_evaluate(

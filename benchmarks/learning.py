@@ -64,7 +64,7 @@ def held_out(model: str, recipe: str, questions: int, k: int, report: Path | Non
     measured = {
         "strict_accuracy": sum(strict) / max(1, len(strict)),
         "reward_accuracy": metrics["accuracy"],
-        "tool_call_rate": metrics["tool_call_rate"],
+        "tool_call_rate": metrics["tools/call_rate"],
         "cut_rate": sum(r["finish_reason"] == "length" for r in records) / max(1, len(records)),
     }
     # Recipes whose rows name the tool or specialist that should answer (`expected_tools`) also report the choice.
@@ -87,7 +87,7 @@ def held_out(model: str, recipe: str, questions: int, k: int, report: Path | Non
 CHOICE_METRICS = {
     "selection_accuracy": "tools/selection_accuracy",
     "routing_accuracy": "routing/accuracy",
-    "subagent_tokens_per_query": "subagent_tokens_per_trajectory",
+    "subagent_tokens_per_query": "subagents/tokens_per_trajectory",
 }
 # what `held_out` reports beside them, for rows with an `answer` and a `kind` column
 BREAKDOWN = ("answer_lost_rate", "kinds")

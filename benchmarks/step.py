@@ -85,7 +85,9 @@ class Replay:
         return copy.deepcopy(group[index % len(group)])
 
     # the `RolloutManager` interface our trainer calls
-    def rollout(self, prompts: list[Any], rows: list[dict[str, Any]], backend: Any) -> tuple[list, Any]:
+    def rollout(
+        self, prompts: list[Any], rows: list[dict[str, Any]], backend: Any, first_actions: Any = None
+    ) -> tuple[list, Any]:
         from agentic_grpo.rollout import RolloutStats
 
         return [self.next_for(prompt) for prompt in prompts], RolloutStats()

@@ -16,16 +16,16 @@ from agentic_grpo.train import use_cpu_when_distributed_without_gpu
 
 def main(model_dir: str, out: str) -> None:
     use_cpu_when_distributed_without_gpu()
-    from tests.test_choice_gradient import _rows, _slot_probabilities, _trainer
+    from tests.choice_support import choice_rows, choice_trainer, slot_probabilities
 
-    trainer = _trainer(model_dir, out, per_device=2, save_trajectories_steps=0)
+    trainer = choice_trainer(model_dir, out, per_device=2, save_trajectories_steps=0)
     rank = trainer.accelerator.process_index
-    inputs = trainer._generate_and_score_completions(_rows()[2 * rank : 2 * rank + 2])
+    inputs = trainer._generate_and_score_completions(choice_rows()[2 * rank : 2 * rank + 2])
     wrapped = trainer.accelerator.prepare_model(trainer.model)  # as the training loop wraps it: DDP
     loss = trainer.compute_loss(wrapped, inputs)
     loss.backward()  # DDP reduces the gradients of both processes: a process that skipped the term would hang here
     record = {
-        "own": _slot_probabilities(trainer, inputs).mean().item(),
+        "own": slot_probabilities(trainer, inputs).mean().item(),
         "logged": trainer._metrics["train"]["tools/choice_probability"][-1],
         "wrapped": type(wrapped).__name__,
     }

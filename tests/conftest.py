@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random Llama with a real BPE tokenizer, and a scripted generation backend."""
+"""Shared fixtures: a tiny random Llama with a real BPE tokenizer. The markers (`slow`, `integration`) are
+registered in pyproject.toml; what test modules share besides fixtures is in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,6 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: long runs on a real model (pytest -m slow)")
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from datasets import Dataset
-
-from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.trainer import AgenticGRPOTrainer
-from tests.scripted import ScriptedBackend, case_prompt
+from tests import helpers
+from tests.scripted import case_prompt
 
 
 def call(expression: str) -> str:
@@ -53,30 +51,9 @@ def build_trainer(
     peft_config: Any = None,
     **config: Any,
 ) -> AgenticGRPOTrainer:
-    args = AgenticGRPOConfig(
-        output_dir=output_dir,
-        environment=environment,
-        advantage=advantage,
-        num_generations=4,
-        per_device_train_batch_size=per_device,
-        max_turns=3,
-        max_completion_length=200,
-        max_tokens_per_turn=60,
-        beta=0.04,
-        gradient_checkpointing=False,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-        **config,
-    )
-    trainer = AgenticGRPOTrainer(
-        model=model_dir,
-        reward_funcs=[answer_is_right],
-        args=args,
-        train_dataset=Dataset.from_list(rows()),
-        peft_config=peft_config,
-    )
-    trainer.generation_backend = ScriptedBackend(trainer.processing_class, SCRIPTS)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # set by the Trainer's loop, which we step around
-    return trainer
+    """The group above on `tests.helpers.build_trainer`, scripted, for stepping by hand."""
+    return helpers.build_trainer(
+        model_dir, output_dir, [answer_is_right], rows(), scripts=SCRIPTS, peft_config=peft_config,
+        environment=environment, advantage=advantage, per_device_train_batch_size=per_device, max_turns=3,
+        max_completion_length=200, max_tokens_per_turn=60, beta=0.04, **config,
+    )  # fmt: skip

@@ -23,7 +23,7 @@ class ScriptedBackend:
         self.batches: list[int] = []  # live trajectories per call
         self.returned: list[list[int]] = []
 
-    def generate(self, batch, stop, max_new_tokens, choices=None) -> list[Generation]:
+    def generate(self, batch, stop, max_new_tokens, choices=None, assigned=None) -> list[Generation]:
         """The script's next turn for each context; a constrained action slot (`choices`) is the script's to obey."""
         self.batches.append(len(batch))
         out = []

@@ -15,8 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from agentic_grpo.action_choices import ActionChoiceMask, ActionChoiceProcessor, guide_to_expected, spread_over_groups
+from agentic_grpo.action_choices import ActionChoiceMask, ActionChoiceProcessor
 from agentic_grpo.backends import TransformersBackend
+from agentic_grpo.experimental.spread import spread_over_groups
 from agentic_grpo.formats import ActionChoices, load_format
 from agentic_grpo.rollout import RolloutLimits, RolloutManager
 from agentic_grpo.tools.calculator import Calculator
@@ -134,7 +135,7 @@ def test_react_builds_the_slot_from_its_tools():
     schemas = Toolbox.tool_schemas()
     assert load_format("react", schemas).action_choices is None  # off unless asked
     assert load_format("react", schemas, constrain_actions=True, canonical_actions=True).action_choices.canonical
-    with pytest.raises(ValueError, match="canonical_actions` needs `constrain_actions"):
+    with pytest.raises(ValueError, match="canonical_actions` needs format_kwargs `constrain_actions"):
         load_format("react", schemas, canonical_actions=True)
     choices = load_format("react", schemas, constrain_actions=True, action_temperature=1.5).action_choices
     names = [s["function"]["name"] for s in schemas]
@@ -203,33 +204,6 @@ def test_spread_gives_each_group_every_choice_in_turn():
     assert assigned[11] is None  # alone in its group: nothing to compare it with, so it chooses for itself
 
 
-def test_guiding_holds_the_last_rows_of_each_group_to_the_rows_expected_tool():
-    choices = dataclasses.replace(CHOICES, names=("calculator", "lookup", "python"))
-    calculator, lookup, python = choices.continuations
-    groups = ["a"] * 4 + ["b"] * 4 + ["c"] * 3 + ["d"] * 2 + ["e"]
-    rows = ([{"expected_tools": ["lookup"]}] * 4 + [{"expected_tools": ["python", "calculator"]}] * 4
-            + [{"expected_tools": ["web_search"]}] * 3 + [{}] * 2 + [{"expected_tools": "lookup"}])  # fmt: skip
-    assigned = guide_to_expected(groups, rows, choices, per_group=2)
-    assert assigned[:4] == [None, None, lookup, lookup]
-    assert assigned[4:8] == [None, None, calculator, python]  # several expected tools: each in turn
-    assert assigned[8:13] == [None] * 5  # a tool that is not a choice, and a row naming none: not held
-    assert assigned[13] is None  # alone in its group: nothing to compare with
-    assert guide_to_expected(groups[:4], rows[:4], choices, per_group=9) == [None, lookup, lookup, lookup]
-    assert guide_to_expected(groups, rows, choices, per_group=0) == [None] * len(groups)
-    with pytest.raises(ValueError, match="0 or more"):
-        guide_to_expected(groups, rows, choices, per_group=-1)
-
-
-def test_a_guide_needs_fewer_held_rows_than_the_group_and_no_spread():
-    from agentic_grpo.config import AgenticGRPOConfig
-
-    with pytest.raises(ValueError, match="from 0 to num_generations - 1"):
-        AgenticGRPOConfig(output_dir="unused", num_generations=4, per_device_train_batch_size=4, guide_first_action=4)
-    with pytest.raises(ValueError, match="set one of them"):
-        AgenticGRPOConfig(output_dir="unused", num_generations=4, per_device_train_batch_size=4,
-                          guide_first_action=1, spread_first_action=True)  # fmt: skip
-
-
 @pytest.mark.parametrize("reuse", [True, False], ids=["kept-cache", "whole-context"])
 def test_assigned_rows_take_their_choice_as_the_batch_shrinks(tiny_model_dir, tokenizer, reuse):
     backend = _biased_backend(tiny_model_dir, tokenizer, reuse)
@@ -258,55 +232,56 @@ def test_rollout_spreads_the_first_action_over_each_group(tiny_model_dir, tokeni
     backend = _biased_backend(tiny_model_dir, tokenizer, reuse=True)
     questions = ["What is 12 * 34?"] * 3 + ["Convert 3 miles to km."] * 3
     torch.manual_seed(0)
+    first_actions = spread_over_groups(questions, fmt.action_choices.continuations)
     try:
-        trajectories, _ = manager.rollout([fmt.prompt_messages(q) for q in questions], [{}] * 6, backend, True)
+        trajectories, _ = manager.rollout(
+            [fmt.prompt_messages(q) for q in questions], [{}] * 6, backend, first_actions
+        )
     finally:
         manager.close()
     firsts = [_first_choice(t.segments[1].text, fmt.action_choices) for t in trajectories]
     for group in (firsts[:3], firsts[3:]):
         assert sorted(group) == sorted(fmt.action_choices.continuations), firsts  # every tool once per group
-    with pytest.raises(ValueError, match="constrain_actions"):
+    with pytest.raises(ValueError, match="constrains none"):
         RolloutManager(ThreeTools, load_format("react", ThreeTools.tool_schemas()), tokenizer,
-                       RolloutLimits()).rollout([questions[0]], [{}], backend, True)  # fmt: skip
+                       RolloutLimits()).rollout([questions[0]], [{}], backend, first_actions[:1])  # fmt: skip
 
 
-def test_rollout_guides_the_last_row_of_each_group_to_its_expected_tool(tiny_model_dir, tokenizer):
-    fmt = load_format("react", ThreeTools.tool_schemas(), constrain_actions=True)
-    manager = RolloutManager(ThreeTools, fmt, tokenizer, RolloutLimits(max_turns=1, max_tokens_per_turn=24))
-    backend = _biased_backend(tiny_model_dir, tokenizer, reuse=True)
-    names = ["calculator", "lookup", "convert_units", "lookup"]
-    questions = [q for k in range(4) for q in [f"Question {k}"] * 4]
-    rows = [{"expected_tools": [names[k]]} for k in range(4) for _ in range(4)]
-    torch.manual_seed(0)
-    try:
-        trajectories, _ = manager.rollout([fmt.prompt_messages(q) for q in questions], rows, backend,
-                                          guide_first_action=1)  # fmt: skip
-    finally:
-        manager.close()
-    firsts = [_first_choice(t.segments[1].text, fmt.action_choices) for t in trajectories]
-    choice = dict(zip(fmt.action_choices.names, fmt.action_choices.continuations, strict=True))
-    guided = [firsts[4 * k + 3] for k in range(4)]
-    assert guided == [choice[name] for name in names], firsts
-    free = [f for i, f in enumerate(firsts) if i % 4 != 3]
-    assert {f for f in free if f is not None} - {choice["lookup"]}, firsts  # the control: free rows choose others
-
-
-@pytest.mark.parametrize("held", [["--spread_first_action", "true"], ["--guide_first_action", "1"]])
-def test_a_recipe_holding_first_actions_without_a_constrained_slot_is_refused(tmp_path, held):
+def test_a_recipe_spreading_first_actions_without_a_constrained_slot_is_refused(tmp_path):
     from agentic_grpo.train import prepare
 
-    argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"), *held]
+    argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"),
+            "--experimental", "{spread_first_action: true}"]  # fmt: skip
     with pytest.raises(ValueError, match="constrain_actions"):
         prepare(argv)
 
 
+def test_experimental_options_live_under_their_own_key(tmp_path):
+    from agentic_grpo.config import AgenticGRPOConfig
+    from agentic_grpo.train import prepare
+
+    base = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=r"\['canonical_actions'\] are experimental options: set them under"):
+        prepare([*base, "--format_kwargs", "{constrain_actions: true, canonical_actions: true}"])
+    with pytest.raises(ValueError, match="field `spread_first_action` is not known"):
+        prepare([*base, "--spread_first_action", "true"])  # no longer a top-level field
+    with pytest.raises(ValueError, match="option `canonical_action` is not known; did you mean `canonical_actions`"):
+        AgenticGRPOConfig(output_dir="unused", experimental={"canonical_action": True})
+    prepared = prepare([*base, "--format_kwargs", "{constrain_actions: true}",
+                        "--experimental", "{canonical_actions: true, action_temperature: 2.0}"])  # fmt: skip
+    slot = prepared.rollout_parts.trajectory_format.action_choices
+    assert slot.canonical and slot.temperature == 2.0
+
+
+@pytest.mark.integration
 def test_training_with_spread_first_actions_runs_a_step(tmp_path):
     """Through train.py: the trainer hands `spread_first_action` to the rollout manager (a misnamed keyword fails
     here, not in a user's first run)."""
-    from tests.test_train_e2e import train
+    from tests.helpers import train
 
     out = tmp_path / "out"
     result = train("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--max_steps", "1",
-                   "--format_kwargs", '{"constrain_actions": true}', "--spread_first_action", "true")  # fmt: skip
+                   "--format_kwargs", '{"constrain_actions": true}',
+                   "--experimental", "{spread_first_action: true}")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert (out / "trajectories" / "step_000001.jsonl").exists()

@@ -29,14 +29,25 @@ def recipe_settings(name: str) -> dict:
     return yaml.safe_load(find_shipped(name, "recipes", ".yaml").read_text())
 
 
-@pytest.mark.parametrize("name", shipped_names("recipes", ".yaml"))
+def is_judged(name: str) -> bool:
+    """The recipe has an LLM judge, audited against the llama.cpp server (a process of its own)."""
+    return any("endpoint" in spec for spec in recipe_settings(name)["rewards"])
+
+
+RECIPES = [
+    pytest.param(name, marks=pytest.mark.integration) if is_judged(name) else name
+    for name in shipped_names("recipes", ".yaml")
+]
+
+
+@pytest.mark.parametrize("name", RECIPES)
 def test_every_shipped_recipe_passes_the_audit(name, request):
     settings = recipe_settings(name)
     data_files = (
         (settings.get("dataset") or {}).get("data_files") if isinstance(settings.get("dataset"), dict) else None
     )
     data = ROWS if data_files and not Path(data_files).exists() else None
-    judged = any("endpoint" in spec for spec in settings["rewards"])
+    judged = is_judged(name)
     endpoint = request.getfixturevalue("llama_server") if judged else None
     limit = 1 if judged else 2  # a 135M judge reads 13 probes per row in ~30 s on 2 cores
     report = audit_recipe(name, data=data, limit=limit, judge_endpoint=endpoint, judge_model="judge", progress=False)

@@ -10,55 +10,10 @@ import json
 import pytest
 import torch
 
-from agentic_grpo.choice_gradient import choice_tokens
+from agentic_grpo.experimental.choice_gradient import choice_tokens
 from agentic_grpo.formats import ActionChoices
-from tests.credit_support import build_trainer
-from tests.scripted import ScriptedBackend, case_prompt
-from tests.two_processes import launch_two_processes
-
-
-def _call(tool: str, arguments: str) -> str:
-    return f"Thought: go.\nAction: {tool}\nAction Input: {arguments}\nObservation:"
-
-
-SCRIPTS = {
-    "calc": [_call("calculator", '{"expression": "2 + 3"}'), "Final Answer: 5<|im_end|>"],
-    "py": [_call("python", '{"code": "print(5)"}'), "Final Answer: 5<|im_end|>"],
-    "calc2": [_call("calculator", '{"expression": "2 * 3"}'), "Final Answer: 6<|im_end|>"],
-    "direct": ["Final Answer: 7<|im_end|>"],
-}
-# (case, the row's expected tool): the first calls calculator where python is expected; the last calls nothing.
-ROWS = [("calc", "python"), ("py", "python"), ("calc2", "calculator"), ("direct", "python")]
-
-
-def _trainer(model_dir: str, output_dir: str, **config):
-    trainer = build_trainer(
-        model_dir, output_dir, "outcome", environment="agentic_grpo.tools.toolbox:MathToolbox",
-        format_kwargs={"constrain_actions": True, "canonical_actions": True}, choice_gradient_weight=1.0, **config,
-    )  # fmt: skip
-    trainer.generation_backend = ScriptedBackend(trainer.processing_class, SCRIPTS)
-    return trainer
-
-
-def _rows() -> list[dict]:
-    return [
-        {"prompt": case_prompt(case), "question": case, "answer": "9999", "values": [], "expected_tools": tool}
-        for case, tool in ROWS
-    ]
-
-
-def _slot_probabilities(trainer, inputs) -> torch.Tensor:
-    """Each row's probability of its expected tools at its slot, from a plain forward pass of the whole row."""
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logits = trainer.model(input_ids=ids, attention_mask=mask).logits
-    width = inputs["prompt_ids"].size(1)
-    probabilities = []
-    for row, slot in enumerate(inputs["choice_slots"].tolist()):
-        if slot >= 0:
-            choice = logits[row, width + slot - 1, trainer.choice_tokens].softmax(-1)
-            probabilities.append((choice * inputs["choice_targets"][row]).sum())
-    return torch.stack(probabilities)
+from tests.choice_support import choice_rows, choice_trainer, slot_probabilities
+from tests.helpers import launch_two_processes
 
 
 @pytest.mark.parametrize(("read_prompt_once", "lora"), [(True, False), (False, False), (True, True)])
@@ -68,8 +23,8 @@ def test_the_term_is_the_expected_tools_probability_at_the_first_slot(
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False) if lora else None
-    trainer = _trainer(tiny_model_dir, str(tmp_path), read_prompt_once=read_prompt_once, peft_config=peft_config)
-    inputs = trainer._generate_and_score_completions(_rows())
+    trainer = choice_trainer(tiny_model_dir, str(tmp_path), read_prompt_once=read_prompt_once, peft_config=peft_config)
+    inputs = trainer._generate_and_score_completions(choice_rows())
     tokenizer = trainer.processing_class
     slots = inputs["choice_slots"].tolist()
     assert slots[3] == -1  # no action, no slot
@@ -81,27 +36,28 @@ def test_the_term_is_the_expected_tools_probability_at_the_first_slot(
     plain = {k: v for k, v in inputs.items() if k not in ("choice_slots", "choice_targets")}
     policy_loss = trainer.compute_loss(trainer.model, plain)  # TRL's loss alone
     loss = trainer.compute_loss(trainer.model, inputs)
-    expected = _slot_probabilities(trainer, inputs)
+    expected = slot_probabilities(trainer, inputs)
     assert torch.allclose(loss - policy_loss, -expected.mean(), atol=1e-5)
     assert trainer._metrics["train"]["tools/choice_probability"][-1] == pytest.approx(expected.mean().item(), abs=1e-5)
 
 
 def test_a_step_on_the_term_raises_the_expected_tools_where_another_was_chosen(tiny_model_dir, tmp_path):
-    trainer = _trainer(tiny_model_dir, str(tmp_path))
-    inputs = trainer._generate_and_score_completions(_rows())
+    trainer = choice_trainer(tiny_model_dir, str(tmp_path))
+    inputs = trainer._generate_and_score_completions(choice_rows())
     assert torch.count_nonzero(inputs["advantages"]) == 0  # every answer is scored the same: TRL's loss is flat
-    before = _slot_probabilities(trainer, inputs).detach()
+    before = slot_probabilities(trainer, inputs).detach()
     trainer.compute_loss(trainer.model, inputs).backward()
     with torch.no_grad():
         for parameter in trainer.model.parameters():
             if parameter.grad is not None:
                 parameter -= 0.5 * parameter.grad
-    after = _slot_probabilities(trainer, inputs).detach()
+    after = slot_probabilities(trainer, inputs).detach()
     # The mean is what the step climbs, and the row that chose calculator for a python question rose with it. The
     # tiny random model barely tells the rows apart, so the one calculator row fell as the two python rows rose.
     assert after.mean() > before.mean() and after[0] > before[0], (before, after)
 
 
+@pytest.mark.integration
 def test_two_processes_each_train_their_own_slots_and_log_the_mean_of_both(tiny_model_dir, tmp_path):
     result = launch_two_processes("choice_two_processes.py", tiny_model_dir, str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -124,8 +80,9 @@ def test_the_term_needs_a_canonical_slot_whose_choices_begin_with_distinct_token
                            canonical=True)  # fmt: skip
     with pytest.raises(ValueError, match="distinct tokens"):
         choice_tokens(tokenizer, shared)
-    with pytest.raises(ValueError, match="choice_gradient_weight must be 0"):
-        AgenticGRPOConfig(output_dir=str(tmp_path), choice_gradient_weight=-1.0)
-    argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"), "--choice_gradient_weight", "1"]
+    with pytest.raises(ValueError, match="choice_gradient_weight` must be 0"):
+        AgenticGRPOConfig(output_dir=str(tmp_path), experimental={"choice_gradient_weight": -1.0})
+    argv = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out"),
+            "--experimental", "{choice_gradient_weight: 1}"]  # fmt: skip
     with pytest.raises(ValueError, match="canonical_actions"):
         prepare(argv)

@@ -56,11 +56,11 @@ def test_eval_reports_accuracy_and_tool_use_on_a_model(tiny_model_dir, tmp_path,
     for key in (
         "accuracy",
         "pass@1",
-        "tool_call_rate",
-        "tool_error_rate",
-        "turns_mean",
-        "tokens_mean",
-        "invalid_rate",
+        "tools/call_rate",
+        "tools/error_rate",
+        "trajectories/turns_mean",
+        "completions/mean_length",
+        "trajectories/invalid_rate",
     ):
         assert 0 <= metrics[key] <= max(1, metrics[key])
     lines = report.with_suffix(".trajectories.jsonl").read_text().splitlines()

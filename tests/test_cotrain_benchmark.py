@@ -4,17 +4,15 @@ run with the sub-agent adapters it saved."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
 from agentic_grpo.benchmarks.cotrain import arm_recipe
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, run_cli
 
 
 def tiny_recipe(path: Path) -> Path:
@@ -39,11 +37,11 @@ def test_the_frozen_arm_is_the_same_recipe_with_no_sub_agent_trained():
     assert frozen == recipe
 
 
+@pytest.mark.integration
 def test_one_step_smoke_run_of_both_arms_prints_strict_accuracies(tmp_path):
     recipe = tiny_recipe(tmp_path / "tiny_cotrain.yaml")
-    command = [sys.executable, "-m", "agentic_grpo.cli", "bench", "cotrain", "--recipe", str(recipe), "--seeds", "0",
-               "--max-steps", "1", "--questions", "2", "--output-dir", str(tmp_path / "run")]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    result = run_cli("bench", "cotrain", "--recipe", str(recipe), "--seeds", "0", "--max-steps", "1", "--questions",
+                     "2", "--output-dir", str(tmp_path / "run"), timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["scoring"].startswith("strict") and report["seeds"] == [0]

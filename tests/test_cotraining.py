@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
 from peft import LoraConfig
 from trl import GRPOTrainer
 
-from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.plugins import PluginError
 from agentic_grpo.subagents.cotrain import ChildSample, adapter_of, assign_advantages
 from agentic_grpo.trainer import AgenticGRPOTrainer
+from tests.helpers import build_trainer
 from tests.varied_rewards import distinct_characters
 
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
@@ -35,17 +34,16 @@ def helper(**extra) -> dict:
 
 def make_trainer(model_dir: str, out: Path, subagent: dict, **overrides) -> AgenticGRPOTrainer:
     settings = dict(
-        output_dir=str(out), environment="agentic_grpo.environment:ToolEnvironment", subagents=[subagent],
+        environment="agentic_grpo.environment:ToolEnvironment", subagents=[subagent],
         format="tests.subagent_support:CallingFormat", format_kwargs={"tool": "helper"}, max_turns=2,
-        max_tokens_per_turn=8, max_completion_length=96, num_generations=4, per_device_train_batch_size=4,
-        max_steps=2, learning_rate=1e-2, beta=0.04, temperature=1.0, gradient_checkpointing=False, report_to=[],
-        save_strategy="no", save_trajectories_steps=1, logging_steps=1, seed=0,
+        max_tokens_per_turn=8, max_completion_length=96, max_steps=2, learning_rate=1e-2, beta=0.04, temperature=1.0,
+        save_trajectories_steps=1, logging_steps=1,
     )  # fmt: skip
     settings.update(overrides)
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} * 7?"}], "question": f"What is {a} * 7?"}
             for a in range(100, 108)]  # fmt: skip
-    return AgenticGRPOTrainer(model=model_dir, reward_funcs=[distinct_characters], args=AgenticGRPOConfig(**settings),
-                              train_dataset=Dataset.from_list(rows), peft_config=LORA)  # fmt: skip
+    return build_trainer(model_dir, out, [distinct_characters], rows, peft_config=LORA, stepped_by_hand=False,
+                         **settings)  # fmt: skip
 
 
 def owners(model) -> dict[str, str]:
@@ -53,6 +51,7 @@ def owners(model) -> dict[str, str]:
     return {n: adapter_of(n) or "base" for n, _ in model.named_parameters()}
 
 
+@pytest.mark.integration  # trains for several steps
 def test_two_steps_train_every_roles_adapter_and_leave_the_base_alone(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path, helper(learning_rate=5e-3))
     model = trainer.model
@@ -178,6 +177,7 @@ def test_a_trained_subagent_needs_an_adapter_of_its_own(tiny_model_dir, tmp_path
         make_trainer(tiny_model_dir, tmp_path, helper(**entry))
 
 
+@pytest.mark.integration  # trains for several steps
 def test_resume_continues_every_role_exactly(tiny_model_dir, tmp_path):
     reference = make_trainer(tiny_model_dir, tmp_path / "ref", helper(), max_steps=3, save_strategy="steps",
                              save_steps=1)  # fmt: skip
@@ -209,6 +209,7 @@ def test_resume_continues_every_role_exactly(tiny_model_dir, tmp_path):
             assert torch.allclose(p, final[name], atol=1e-6), name
 
 
+@pytest.mark.integration  # trains for several steps
 def test_with_accumulation_and_two_iterations_the_old_log_probs_are_stored_at_generation(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path, helper(), per_device_train_batch_size=2,
                            gradient_accumulation_steps=2, num_iterations=2, max_steps=2)  # fmt: skip

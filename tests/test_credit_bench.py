@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
+import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, run_python
 
 
+@pytest.mark.integration
 def test_four_arms_train_evaluate_and_report_auc_and_a_plot(tmp_path):
     recipe = yaml.safe_load((ROOT / "recipes" / "credit_demo.yaml").read_text())
     recipe.update(  # the shipped recipe's task, tools and estimator fields, on the tiny CI model and budget
@@ -25,11 +23,9 @@ def test_four_arms_train_evaluate_and_report_auc_and_a_plot(tmp_path):
         recipe.pop(key)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(recipe))
     out = tmp_path / "bench"
-    env = {**os.environ, "AGENTIC_GRPO_CACHE": str(ROOT / ".model-cache"), "WANDB_MODE": "disabled"}
-    result = subprocess.run(
-        [sys.executable, "-m", "agentic_grpo.benchmarks.credit", "--recipe", str(tmp_path / "tiny.yaml"),
-         "--seeds", "0", "--max-steps", "1", "--eval-every", "1", "--questions", "2", "--output-dir", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    result = run_python(
+        "-m", "agentic_grpo.benchmarks.credit", "--recipe", str(tmp_path / "tiny.yaml"), "--seeds", "0",
+        "--max-steps", "1", "--eval-every", "1", "--questions", "2", "--output-dir", str(out), timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
@@ -60,10 +56,9 @@ def test_four_arms_train_evaluate_and_report_auc_and_a_plot(tmp_path):
 
     # Nothing finished is redone: one arm asked for again comes from its stored curve, without training.
     trained_at = (out / "turn-seed0" / "run.json").stat().st_mtime_ns
-    again = subprocess.run(
-        [sys.executable, "-m", "agentic_grpo.benchmarks.credit", "--recipe", str(tmp_path / "tiny.yaml"), "--arms",
-         "turn", "--seeds", "0", "--max-steps", "1", "--eval-every", "1", "--questions", "2", "--output-dir", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    again = run_python(
+        "-m", "agentic_grpo.benchmarks.credit", "--recipe", str(tmp_path / "tiny.yaml"), "--arms", "turn", "--seeds",
+        "0", "--max-steps", "1", "--eval-every", "1", "--questions", "2", "--output-dir", str(out), timeout=900,
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["arms"] == {"turn": report["arms"]["turn"]}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.test_train_e2e import train
+from tests.helpers import train
 
 pytestmark = pytest.mark.slow
 

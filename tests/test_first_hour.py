@@ -4,8 +4,6 @@ re-running into an output directory, and the `show` / `eval` / `--help` commands
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,8 @@ from agentic_grpo.formats import load_format
 from agentic_grpo.plugins import PluginError
 from agentic_grpo.reward_setup import build_rewards, check_reward_columns
 from agentic_grpo.tools.calculator import Calculator
-from tests.test_train_e2e import ROOT, train, write_recipe
+from tests.helpers import run_cli, train, write_recipe
+from tests.varied_rewards import needs_difficulty
 
 SCHEMAS = Calculator.tool_schemas()
 
@@ -52,8 +51,7 @@ def test_wrong_shape_of_examples_explains_both_forms(kwargs, message):
 
 
 def test_help_names_the_command_and_lists_every_format(capsys):
-    with pytest.raises(SystemExit):
-        cli_main(["train", "--help"])
+    assert cli_main(["train", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: agentic-grpo train")
     assert "`react`" in out and "`artist`" in out and "`tool_call`" in out
@@ -63,18 +61,15 @@ def test_help_names_the_command_and_lists_every_format(capsys):
 # --- rewards: columns checked at start-up, errors that leave the trajectories behind ---------
 
 
-def needs_difficulty(prompts, completions, difficulty, **kwargs):
-    return [1.0 for _ in completions]
-
-
 def test_reward_parameter_without_a_column_is_named_at_start_up():
     with pytest.raises(ValueError, match=r"reward `needs_difficulty` needs column\(s\) \['difficulty'\]"):
         check_reward_columns([needs_difficulty], ["question", "answer", "prompt"], "training data")
     check_reward_columns([needs_difficulty], ["question", "difficulty"], "training data")  # present: accepted
 
 
+@pytest.mark.integration
 def test_custom_reward_missing_a_column_stops_before_the_model_loads(tmp_path):
-    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.test_first_hour:needs_difficulty"}],
+    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:needs_difficulty"}],
                           model_name_or_path="./no/such/model")  # fmt: skip
     result = train("--config", str(recipe), timeout=120)
     assert result.returncode == 2
@@ -82,6 +77,7 @@ def test_custom_reward_missing_a_column_stops_before_the_model_loads(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 def test_reward_that_raises_stops_the_run_after_writing_the_steps_trajectories(tmp_path):
     recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:raising"}], max_steps=1)
     result = train("--config", str(recipe), timeout=600)
@@ -92,6 +88,7 @@ def test_reward_that_raises_stops_the_run_after_writing_the_steps_trajectories(t
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.integration
 def test_on_reward_error_none_turns_a_failing_reward_into_no_reward(tmp_path):
     rewards = [{"type": "tests.varied_rewards:raising"}, {"type": "agentic_grpo.rewards.rules:FormatAdherence"}]
     recipe = write_recipe(tmp_path, rewards=rewards, max_steps=1, on_reward_error="none")
@@ -114,6 +111,7 @@ def fake_run(folder: Path) -> None:
     (folder / "notes.txt").write_text("the user's own file")
 
 
+@pytest.mark.integration
 def test_rerun_into_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
     out = tmp_path / "out"
     fake_run(out)
@@ -136,6 +134,7 @@ def test_overwrite_deletes_the_run_files_and_its_model_and_nothing_else(tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.integration
 def test_overwrite_deletes_nothing_when_another_check_fails(tmp_path):
     out = tmp_path / "out"
     fake_run(out)
@@ -157,22 +156,15 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
 # --- eval and show ------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_eval_reports_each_reward_and_show_reads_its_trajectories(tmp_path):
-    env = {"AGENTIC_GRPO_CACHE": str(ROOT / ".model-cache"), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     report = tmp_path / "eval.json"
-    command = [sys.executable, "-m", "agentic_grpo.cli"]
-    result = subprocess.run(
-        [*command, "eval", "--model", "tiny-random-llama", "--recipe", "ci_tiny", "--limit", "2",
-         "--output", str(report)],
-        capture_output=True, text=True, timeout=600, env={**__import__("os").environ, **env},
-    )  # fmt: skip
+    result = run_cli("eval", "--model", "tiny-random-llama", "--recipe", "ci_tiny", "--limit", "2",
+                     "--output", str(report))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(report.read_text())
     assert "rewards/correctness/mean" in metrics and "rewards/format/mean" in metrics
-    shown = subprocess.run(
-        [*command, "show", str(report.with_suffix(".trajectories.jsonl"))],
-        capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "COLUMNS": "60"},
-    )  # fmt: skip
+    shown = run_cli("show", str(report.with_suffix(".trajectories.jsonl")), timeout=120, COLUMNS="60")
     assert shown.returncode == 0, shown.stderr
     first_question = json.loads(report.with_suffix(".trajectories.jsonl").open().readline())["row"]["question"]
     assert first_question.split()[0] in shown.stdout and "gold='" in shown.stdout
@@ -186,13 +178,7 @@ def test_show_refuses_a_file_that_is_not_trajectories(tmp_path, capsys):
     assert "is not a trajectory file" in capsys.readouterr().err
 
 
-def run_cli(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**__import__("os").environ, "AGENTIC_GRPO_CACHE": str(ROOT / ".model-cache"), "WANDB_MODE": "disabled",
-           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "agentic_grpo.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
-
-
+@pytest.mark.integration
 def test_eval_imports_the_users_plug_ins_from_the_working_directory(tmp_path):
     (tmp_path / "usertrial.py").write_text(
         "from agentic_grpo import ToolEnvironment\n\n\nclass Echo(ToolEnvironment):\n"
@@ -200,22 +186,25 @@ def test_eval_imports_the_users_plug_ins_from_the_working_directory(tmp_path):
         '        """\n        return text\n\n\ndef exact(prompts, completions, trajectory, answer, **_):\n'
         "    return [float(t.final_answer == a) for t, a in zip(trajectory, answer)]\n"
     )
-    recipe = write_recipe(tmp_path, environment="usertrial:Echo", rewards=[{"type": "usertrial:exact"}])
+    recipe = write_recipe(tmp_path, environment="usertrial:Echo", rewards=[{"type": "usertrial:exact"}],
+                          correctness_reward="exact")  # fmt: skip
     result = run_cli("eval", "--model", "tiny-random-llama", "--recipe", str(recipe), "--limit", "2",
                      "--output", str(tmp_path / "eval.json"), cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rewards/exact/mean" in json.loads((tmp_path / "eval.json").read_text())
 
 
+@pytest.mark.integration
 def test_eval_names_a_missing_reward_column_before_the_model_loads(tmp_path):
-    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.test_first_hour:needs_difficulty"}])
+    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:needs_difficulty"}])
     result = run_cli("eval", "--model", "./no/such/model", "--recipe", str(recipe), "--limit", "2", cwd=tmp_path)
     assert result.returncode == 2
     assert "reward `needs_difficulty` needs column(s) ['difficulty']" in result.stderr  # not the model error
 
 
+@pytest.mark.integration
 def test_eval_with_a_raising_reward_keeps_the_trajectories(tmp_path):
-    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:raising"}])
+    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:raising"}], correctness_reward="raising")
     report = tmp_path / "eval.json"
     result = run_cli("eval", "--model", "tiny-random-llama", "--recipe", str(recipe), "--limit", "2",
                      "--output", str(report), cwd=tmp_path)  # fmt: skip
@@ -225,6 +214,7 @@ def test_eval_with_a_raising_reward_keeps_the_trajectories(tmp_path):
     assert "the reward broke" in json.loads(report.read_text())["error"]
 
 
+@pytest.mark.integration
 def test_misspelled_environment_option_is_named_with_a_suggestion(tmp_path):
     recipe = write_recipe(tmp_path, environment="agentic_grpo.tools.stepwise:StepwiseCalculator",
                           environment_kwargs={"value_rewrd": 0.5})  # fmt: skip
@@ -233,6 +223,7 @@ def test_misspelled_environment_option_is_named_with_a_suggestion(tmp_path):
     assert "option `value_rewrd` is not known; did you mean `value_reward`?" in result.stderr
 
 
+@pytest.mark.integration
 def test_misspelled_dataset_option_is_named_with_a_suggestion(tmp_path):
     dataset = {"generator": "agentic_grpo.tasks:multiplication_word_problems", "num_trian": 8, "num_test": 2}
     result = train("--config", str(write_recipe(tmp_path, dataset=dataset)), timeout=120)

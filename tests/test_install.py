@@ -14,17 +14,17 @@ shadowed by them.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, environment, run_process, run_python
+
+pytestmark = pytest.mark.integration  # a wheel built and installed into a venv; every command a process
 
 USER_TOOLS = '''
 from agentic_grpo import ToolEnvironment
@@ -74,26 +74,23 @@ def installed(tmp_path_factory) -> dict[str, Path]:
     # Built from a copy of the tracked files: building in the checkout leaves `build/lib` behind, from which a
     # later wheel could pick up modules that no longer exist.
     source = base / "source"
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, tracked.decode().split("\0")):
+    tracked = run_process("git", "ls-files", "-z", check=True).stdout
+    for name in filter(None, tracked.split("\0")):
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir),
-         str(source)],
-        capture_output=True, text=True, timeout=600, cwd=base,
-    )  # fmt: skip
+    build = run_python("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheel_dir, source,
+                       cwd=base)  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
     venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    run_python("-m", "venv", venv, timeout=300).check_returncode()
     python = venv / "bin" / "python"
-    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())  # fmt: skip
+    paths = run_process(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=base,
+                        check=True)  # fmt: skip
+    site = Path(paths.stdout.strip())
     (site / "_borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     wheel = next(wheel_dir.glob("agentic_grpo-*.whl"))
-    install = subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    install = run_process(python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel, cwd=base)
     assert install.returncode == 0, install.stderr[-3000:]
 
     project = base / "user_project"
@@ -108,11 +105,9 @@ def installed(tmp_path_factory) -> dict[str, Path]:
 
 
 def run(installed: dict[str, Path], *command: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(AGENTIC_GRPO_CACHE=str(ROOT / ".model-cache"), WANDB_MODE="disabled", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", PATH=f"{installed['venv'] / 'bin'}:{env.get('PATH', '')}")  # fmt: skip
-    return subprocess.run(list(command), cwd=installed["project"], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    env = environment(drop=("PYTHONPATH", "VIRTUAL_ENV"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env["PATH"] = f"{installed['venv'] / 'bin'}:{env.get('PATH', '')}"
+    return run_process(*command, cwd=installed["project"], env=env, timeout=timeout)
 
 
 def test_built_ins_and_their_files_install_under_agentic_grpo_only(installed):

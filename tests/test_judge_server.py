@@ -41,6 +41,7 @@ def assert_scores_or_counted_none(scores: list, metrics: dict) -> None:
     assert metrics["judge/failures"] == 0 and metrics["judge/retries"] == 0
 
 
+@pytest.mark.integration
 def test_real_server_scores_each_trajectory(llama_server):
     judge = LLMJudge(endpoint=llama_server, model="judge", max_tokens=24, timeout_s=300, max_concurrency=1)
     scores, metrics = run(judge, reward_inputs(["What is 6 * 7?", "What is 7 * 6?"], answers=["42", "42"]))
@@ -49,6 +50,7 @@ def test_real_server_scores_each_trajectory(llama_server):
     assert metrics["judge/parse_failures"] == scores.count(None)
 
 
+@pytest.mark.integration
 def test_real_server_group_mode_makes_one_call_per_query(llama_server):
     judge = LLMJudge(
         endpoint=llama_server, model="judge", mode="group", max_tokens=24, timeout_s=300, max_concurrency=1
@@ -59,6 +61,7 @@ def test_real_server_group_mode_makes_one_call_per_query(llama_server):
     assert metrics["judge/parse_failures"] == int(None in scores)
 
 
+@pytest.mark.integration
 def test_faults_between_judge_and_real_server_are_retried_or_counted(llama_server):
     proxy = FaultProxy(upstream=llama_server.removeprefix("http://").removesuffix("/v1"))
     try:
@@ -101,6 +104,7 @@ def test_local_backend_scores_what_the_model_writes(tiny_model_dir, monkeypatch)
     assert scores == [pytest.approx(1.0), pytest.approx(0.0)]
 
 
+@pytest.mark.integration
 def test_a_server_that_dies_is_reported_with_its_signal_and_log(tmp_path):
     """The fixture's check, on a real process killed by SIGILL (what a non-portable llama.cpp build does)."""
     log = tmp_path / "server.log"
@@ -113,6 +117,7 @@ def test_a_server_that_dies_is_reported_with_its_signal_and_log(tmp_path):
         server.check_alive("during this test")
 
 
+@pytest.mark.integration
 def test_real_server_constrained_to_the_score_schema_scores_every_trajectory(llama_server):
     """SmolLM2-135M in free text almost never writes a parsable score; held to the JSON schema, it always does."""
     judge = LLMJudge(endpoint=llama_server, model="judge", max_tokens=24, timeout_s=300, max_concurrency=1)

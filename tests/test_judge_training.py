@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
+from tests.helpers import ROOT, train
 from tests.judge_fixtures import FaultProxy
-from tests.test_train_e2e import ROOT, train
+
+pytestmark = pytest.mark.integration  # trains through train.py in a process of its own
 
 PATTERN = [("status", 500), ("reply", '{"score": 8}'), ("reply", '{"score": 2}')] * 2 + [
     ("status", 503),

@@ -47,10 +47,10 @@ def test_no_preset_and_no_target_means_a_fixed_beta():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"preset": "calm"}, "kl_preset `calm` is not known"),
-        ({"preset": None, "target": 0.1, "factor": 1.0}, "kl_factor > 1"),
-        ({"preset": None, "target": 0.1, "kl_min": 0.0}, "0 < kl_min"),
-        ({"preset": None, "factor": 2.0}, "need `kl_target` or `kl_preset`"),
+        ({"preset": "calm"}, "kl_control preset `calm` is not known"),
+        ({"preset": None, "target": 0.1, "factor": 1.0}, "factor > 1"),
+        ({"preset": None, "target": 0.1, "kl_min": 0.0}, "0 < min"),
+        ({"preset": None, "factor": 2.0}, "need a `target` or a `preset`"),
     ],
 )
 def test_bad_schedules_are_refused(kwargs, message):

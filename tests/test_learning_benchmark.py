@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from agentic_grpo.benchmarks.learning import strictly_correct
+from tests.helpers import run_cli
 
 
 @pytest.mark.parametrize(
@@ -20,10 +19,11 @@ def test_strict_scoring_takes_only_the_number_itself(answer, gold, correct):
     assert strictly_correct(answer, gold) is correct
 
 
+@pytest.mark.integration
 def test_one_step_smoke_run_reports_accuracy_minutes_and_memory(tmp_path):
-    command = [sys.executable, "-m", "agentic_grpo.cli", "bench", "learning", "--recipe", "ci_tiny", "--seeds", "0",
-               "--max-steps", "1", "--questions", "2", "--output-dir", str(tmp_path / "run")]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    command = ["bench", "learning", "--recipe", "ci_tiny", "--seeds", "0", "--max-steps", "1", "--questions", "2",
+               "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    result = run_cli(*command)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["scoring"].startswith("strict") and [r["seed"] for r in report["runs"]] == [0]
@@ -31,12 +31,13 @@ def test_one_step_smoke_run_reports_accuracy_minutes_and_memory(tmp_path):
 
     # Nothing finished is redone: the same command again reports the stored result without training.
     trained_at = (tmp_path / "run-ci_tiny-seed0" / "run.json").stat().st_mtime_ns
-    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    again = run_cli(*command)
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["runs"] == report["runs"]
     assert (tmp_path / "run-ci_tiny-seed0" / "run.json").stat().st_mtime_ns == trained_at
 
 
+@pytest.mark.integration
 def test_a_routing_recipe_reports_routing_and_selection_accuracy_beside_strict_accuracy(tmp_path):
     import yaml
 
@@ -48,9 +49,8 @@ def test_a_routing_recipe_reports_routing_and_selection_accuracy_beside_strict_a
                   lora_target_modules=["q_proj", "v_proj"], save_strategy="no")  # fmt: skip
     path = tmp_path / "tiny_routing.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    command = [sys.executable, "-m", "agentic_grpo.cli", "bench", "learning", "--recipe", str(path), "--seeds", "0",
-               "--max-steps", "1", "--questions", "3", "--output-dir", str(tmp_path / "run")]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = run_cli("bench", "learning", "--recipe", str(path), "--seeds", "0", "--max-steps", "1", "--questions",
+                     "3", "--output-dir", str(tmp_path / "run"))  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     for name in ("routing_accuracy", "selection_accuracy"):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from datasets import Dataset
 
-from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.trainer import AgenticGRPOTrainer
-from tests.scripted import ScriptedBackend, case_prompt
+from tests.helpers import build_trainer
+from tests.scripted import case_prompt
 
 CALL = 'Thought: multiply.\nAction: calculator\nAction Input: {"expression": "12 * 34"}\nObservation:'
 SCRIPTS = {
@@ -29,26 +27,10 @@ def exact(prompts, completions, trajectory, answer, **_):
 @pytest.fixture
 def trainer_and_batch(tiny_model_dir, tmp_path):
     rows = [{"prompt": case_prompt(name), "question": name, "answer": "408"} for name in SCRIPTS]
-    config = AgenticGRPOConfig(
-        output_dir=str(tmp_path),
-        environment="agentic_grpo.tools.calculator:Calculator",
-        num_generations=4,
-        per_device_train_batch_size=4,
-        max_completion_length=160,
-        max_tokens_per_turn=80,
-        beta=0.04,
-        gradient_checkpointing=False,
-        report_to=[],
-        save_strategy="no",
-        save_trajectories_steps=0,
-        seed=0,
-    )
-    trainer = AgenticGRPOTrainer(
-        model=tiny_model_dir, reward_funcs=[exact], args=config, train_dataset=Dataset.from_list(rows)
-    )
-    trainer.generation_backend = ScriptedBackend(trainer.processing_class, SCRIPTS)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # set by the Trainer's loop, which we step around
+    trainer = build_trainer(
+        tiny_model_dir, tmp_path, [exact], rows, scripts=SCRIPTS, environment="agentic_grpo.tools.calculator:Calculator",
+        max_completion_length=160, max_tokens_per_turn=80, beta=0.04, save_trajectories_steps=0,
+    )  # fmt: skip
     return trainer, rows
 
 

@@ -7,12 +7,10 @@ import math
 
 import pytest
 import torch
-from datasets import Dataset
 
-from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.missing_rewards import fill_missing_with_group_mean
-from agentic_grpo.trainer import AgenticGRPOTrainer
-from tests.scripted import ScriptedBackend, case_prompt
+from tests.helpers import build_trainer
+from tests.scripted import case_prompt
 
 CALL = 'Thought: multiply.\nAction: calculator\nAction Input: {"expression": "12 * 34"}\nObservation:'
 
@@ -29,17 +27,10 @@ def judge(prompts, completions, trajectory, **_):
 def make_trainer(model_dir, output_dir, scripts, rewards, weights, **overrides):
     rows = [{"prompt": case_prompt(name), "question": name, "answer": "408"} for name in scripts]
     settings = dict(
-        output_dir=str(output_dir), environment="agentic_grpo.tools.calculator:Calculator", num_generations=4,
-        per_device_train_batch_size=4, max_completion_length=160, max_tokens_per_turn=40, max_turns=2,
-        beta=0.0, gradient_checkpointing=False, report_to=[], save_strategy="no", save_trajectories_steps=0,
-        reward_weights=weights, seed=0,
+        environment="agentic_grpo.tools.calculator:Calculator", max_completion_length=160, max_tokens_per_turn=40,
+        max_turns=2, beta=0.0, save_trajectories_steps=0, reward_weights=weights,
     )  # fmt: skip
-    config = AgenticGRPOConfig(**{**settings, **overrides})
-    trainer = AgenticGRPOTrainer(
-        model=model_dir, reward_funcs=rewards, args=config, train_dataset=Dataset.from_list(rows)
-    )
-    trainer.generation_backend = ScriptedBackend(trainer.processing_class, scripts)
-    trainer.model.train()
+    trainer = build_trainer(model_dir, output_dir, rewards, rows, scripts=scripts, **{**settings, **overrides})
     return trainer, rows
 
 

@@ -20,23 +20,20 @@ import pytest
 import yaml
 
 from agentic_grpo.kl_control import KL_PRESETS, next_beta
+from tests.helpers import ROOT, environment, run_cli, run_python
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.integration  # every test reads or makes runs of train.py, each a process of its own
+
 COMPARED = ["loss", "grad_norm", "kl", "kl_coef", "reward", "reward_std", "completions/mean_length"]
 
 
 def command(*args: str, script: str | None = None) -> list[str]:
-    return [sys.executable, *(["-c", script] if script else [str(ROOT / "train.py")]), *args]
-
-
-def environment() -> dict[str, str]:
-    return {**os.environ, "AGENTIC_GRPO_CACHE": str(ROOT / ".model-cache"), "WANDB_MODE": "disabled"}
+    """`train.py ARGS`, or the program `script` standing in for it (`python -c SCRIPT ARGS`)."""
+    return [*(["-c", script] if script else [str(ROOT / "train.py")]), *args]
 
 
 def run(*args: str, script: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command(*args, script=script), cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=600
-    )
+    return run_python(*command(*args, script=script))
 
 
 def metrics(out: Path) -> dict[int, dict]:
@@ -55,7 +52,7 @@ def recipe(tmp_path_factory) -> Path:
     recipe = yaml.safe_load((ROOT / "recipes" / "ci_tiny.yaml").read_text())
     recipe.update(
         max_steps=3, save_steps=1, max_turns=2, max_tokens_per_turn=12, max_completion_length=48,
-        learning_rate=5e-3, kl_preset="tool_use", report_to="wandb", wandb_mode="offline",
+        learning_rate=5e-3, kl_control={"preset": "tool_use"}, report_to="wandb", wandb_mode="offline",
         rewards=[{"type": "tests.varied_rewards:distinct_characters"}, {"type": "agentic_grpo.rewards.rules:Correctness"}],
         env={"WANDB_PROJECT": "agentic-grpo-tests"},
     )  # fmt: skip
@@ -77,8 +74,8 @@ def reference(recipe, tmp_path_factory) -> Path:
 
 def test_resume_after_kill_9_continues_exactly_like_an_uninterrupted_run(recipe, reference, tmp_path):
     out = tmp_path / "out"
-    process = subprocess.Popen(
-        command("--config", str(recipe), "--output_dir", str(out)), cwd=ROOT, env=environment(),
+    process = subprocess.Popen(  # killed mid-run, so not `run`
+        [sys.executable, *command("--config", str(recipe), "--output_dir", str(out))], cwd=ROOT, env=environment(),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
@@ -202,18 +199,14 @@ def test_run_ends_with_png_curves_and_plot_redraws_them(reference):
     names = {p.name for p in (reference / "plots").glob("*.png")}
     assert {"reward.png", "accuracy.png", "kl.png", "tool_call_rate.png", "trainable_ratio.png"} <= names
     (reference / "plots" / "kl.png").unlink()
-    result = subprocess.run(
-        [sys.executable, "-m", "agentic_grpo.cli", "plot", str(reference)], capture_output=True, text=True
-    )
+    result = run_cli("plot", str(reference))
     assert result.returncode == 0, result.stderr
     assert (reference / "plots" / "kl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(reference / "plots" / "kl.png") in result.stdout
 
 
 def test_plot_of_a_directory_without_metrics_is_refused(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "agentic_grpo.cli", "plot", str(tmp_path)], capture_output=True, text=True
-    )
+    result = run_cli("plot", str(tmp_path))
     assert result.returncode == 2 and "metrics.jsonl does not exist" in result.stderr
 
 

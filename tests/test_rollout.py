@@ -212,6 +212,7 @@ def test_a_timed_out_python_tool_returns_what_it_printed(tokenizer):
     assert result.timed_out and result.output.startswith("started") and "timed out after" in result.output
 
 
+@pytest.mark.integration  # a sandboxed call of about 6 s
 def test_the_sandbox_alone_owns_the_deadline_of_code_tools(tokenizer):
     """A rollout budget shorter than the slot's deadline does not cut the code off early (one owner, one timer):
     before, the guard (tool_timeout + 5 s grace) gave up on this call at 5.1 s and dropped its output."""
@@ -232,6 +233,7 @@ def test_the_sandbox_alone_owns_the_deadline_of_code_tools(tokenizer):
     assert not result.timed_out and result.output == "started\nfinished"
 
 
+@pytest.mark.integration  # a sandboxed call of about 6 s
 def test_a_slot_is_not_released_while_a_call_is_still_inside_it(tokenizer):
     """A pure-Python tool that outlives its guard in a sandboxed environment keeps its slot until it returns."""
     from agentic_grpo.sandbox import SandboxConfig, SandboxPool

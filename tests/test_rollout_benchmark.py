@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+import pytest
+
+from tests.helpers import run_cli
+
+pytestmark = pytest.mark.integration  # the benchmark's command, in a process of its own
 
 
 def test_smoke_run_reports_ours_trl_and_the_bounds(tiny_model_dir):
-    command = [sys.executable, "-m", "agentic_grpo.cli", "bench", "rollout", "--smoke", "--model", tiny_model_dir]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = run_cli("bench", "rollout", "--smoke", "--model", tiny_model_dir)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["benchmark"] == "rollout" and (report["questions"], report["group"]) == (2, 2)

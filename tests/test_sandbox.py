@@ -11,8 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agentic_grpo.sandbox import ExecResult, SandboxConfig, SandboxPool, SandboxUnavailable, probe
+from agentic_grpo.sandbox import ExecResult, SandboxConfig, SandboxPool, SandboxUnavailable
 from agentic_grpo.sandbox.cli import add_sandbox_parser
+from agentic_grpo.sandbox.probe import probe
 
 probe_mod = importlib.import_module("agentic_grpo.sandbox.probe")  # the package exports the function `probe`
 
@@ -196,10 +197,10 @@ def test_python_interpreter_tool_runs_in_a_slot(pool):
         assert tool.python("import os; print(os.getcwd())").output == str(slot.workspace)
 
 
+@pytest.mark.integration
 def test_cli_file_fast_path_skips_the_package_init():
     """`python .../sandbox/cli.py sandbox exec` runs without importing agentic_grpo/__init__ (transformers)."""
-    import subprocess
-    import sys
+    from tests.helpers import run_python
 
     cli = os.path.join(os.path.dirname(probe_mod.__file__), "cli.py")
     code = (
@@ -207,7 +208,7 @@ def test_cli_file_fast_path_skips_the_package_init():
         "\ntry:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n"
         "    print('TRANSFORMERS' if 'transformers' in sys.modules else 'LIGHT', e.code, file=sys.stderr)"
     )
-    proc = subprocess.run([sys.executable, "-I", "-c", code, cli], capture_output=True, text=True, timeout=120)
+    proc = run_python("-I", "-c", code, cli, timeout=120)
     assert json.loads(proc.stdout)["stdout"] == "fast\n"
     assert proc.stderr.strip().endswith("LIGHT 0"), proc.stderr[-2000:]
 
@@ -256,8 +257,20 @@ def test_recipe_fields_set_every_sandbox_bound():
     from agentic_grpo.run_parts import build_rollout_parts
 
     config = AgenticGRPOConfig(output_dir="/tmp/unused", environment="agentic_grpo.tools.python:PythonInterpreter",
-                               tool_timeout=3, sandbox_memory_mb=512, sandbox_workspace_mb=64,
-                               sandbox_workspace_inodes=99, sandbox_cpu_cores=0.5, sandbox_max_processes=8)  # fmt: skip
+                               tool_timeout=3, sandbox={"memory_mb": 512, "workspace_mb": 64, "workspace_inodes": 99,
+                                                        "cpu_cores": 0.5, "max_processes": 8})  # fmt: skip
     sandbox = build_rollout_parts(config).sandbox
     assert (sandbox.timeout_s, sandbox.memory_mb, sandbox.workspace_mb, sandbox.workspace_inodes, sandbox.cpu_cores,
             sandbox.max_processes) == (3, 512, 64, 99, 0.5, 8)  # fmt: skip
+
+
+def test_the_sandbox_setting_takes_a_mode_or_a_mapping_and_names_a_misspelled_limit():
+    from agentic_grpo.config import AgenticGRPOConfig
+
+    assert AgenticGRPOConfig(output_dir="/tmp/unused", sandbox="bwrap").sandbox == {"mode": "bwrap"}
+    on_the_command_line = AgenticGRPOConfig(output_dir="/tmp/unused", sandbox="{mode: landlock, memory_mb: 64}")
+    assert on_the_command_line.sandbox == {"mode": "landlock", "memory_mb": 64}
+    with pytest.raises(ValueError, match="key `memory` is not known; did you mean `memory_mb`"):
+        AgenticGRPOConfig(output_dir="/tmp/unused", sandbox={"memory": 64})
+    with pytest.raises(ValueError, match="sandbox mode must be one of"):
+        AgenticGRPOConfig(output_dir="/tmp/unused", sandbox="docker")

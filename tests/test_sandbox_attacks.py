@@ -14,18 +14,17 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from agentic_grpo.sandbox import SandboxConfig, SandboxPool, probe
+from agentic_grpo.sandbox import SandboxConfig, SandboxPool
 from agentic_grpo.sandbox.attacks import ATTACKS, Context, run_attack
+from agentic_grpo.sandbox.probe import probe
+from tests.helpers import ROOT, run_process, run_python
 
-ROOT = Path(__file__).resolve().parents[1]
 NAMES = list(ATTACKS)
 # What an unprivileged trainer cannot bound (no cgroup delegated to it, no tmpfs mount): the
 # pool's report says NOT bounded, and the attacks must report exactly these as documented gaps.
@@ -69,6 +68,7 @@ def _vsock_available() -> bool:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running the unsafe layer's attacks is only contained as root here")
+@pytest.mark.integration
 def test_checks_detect_harm_without_isolation():
     """unsafe-local isolates nothing: the attacks must be reported as harm (the checks can fail).
 
@@ -103,7 +103,8 @@ _SCRIPT = textwrap.dedent(
     pkg = types.ModuleType("agentic_grpo")
     pkg.__path__ = [sys.argv[1] + "/agentic_grpo"]
     sys.modules["agentic_grpo"] = pkg
-    from agentic_grpo.sandbox import SandboxConfig, SandboxPool, probe
+    from agentic_grpo.sandbox import SandboxConfig, SandboxPool
+    from agentic_grpo.sandbox.probe import probe
     from agentic_grpo.sandbox import seccomp
     from agentic_grpo.sandbox.attacks import run_all
 
@@ -167,14 +168,7 @@ def _as_user(uid: int, *args: str) -> tuple[dict, str]:
         os.chown(fakebin, uid, uid)
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid else []
     try:
-        proc = subprocess.run(
-            [*drop, python, "-I", str(script), str(directory), *args],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin"},
-        )
+        proc = run_process(*drop, python, "-I", script, directory, *args, cwd="/", env={"PATH": "/usr/bin:/bin"})
     finally:
         shutil.rmtree(directory)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -189,6 +183,7 @@ def _harm(out: dict) -> tuple[list, list]:
     return [r[:3] for r in rows if not r[3]], [r[:2] for r in rows if r[3]]
 
 
+@pytest.mark.integration
 def test_attack_suite_as_root_with_system_python():
     """Landlock as root, with slot uids and no capability: possible with an interpreter every uid can reach."""
     out, _ = _as_user(0, "landlock")  # bwrap as root runs in this process already
@@ -198,6 +193,7 @@ def test_attack_suite_as_root_with_system_python():
     assert {a["name"] for a in out["landlock"]["attacks"]} == set(NAMES)
 
 
+@pytest.mark.integration
 def test_attack_suite_as_unprivileged_user():
     out, _ = _as_user(65534, "bwrap", "landlock")
     assert out["bwrap"]["layer"] == "bwrap"  # unprivileged bubblewrap (user namespace)
@@ -213,6 +209,7 @@ def test_attack_suite_as_unprivileged_user():
     assert {a["name"] for a in out["landlock"]["attacks"]} == set(NAMES)
 
 
+@pytest.mark.integration
 def test_falls_back_to_landlock_without_user_namespaces_and_says_so():
     if not _layer_available("landlock") and probe(SandboxConfig(mode="landlock")).landlock_abi < 6:
         pytest.skip("no usable Landlock on this kernel")
@@ -225,6 +222,7 @@ def test_falls_back_to_landlock_without_user_namespaces_and_says_so():
     assert not harmed and {name for _, name in gaps} <= NONROOT_GAPS
 
 
+@pytest.mark.integration
 def test_broken_bwrap_on_path_is_a_loud_downgrade():
     out, stderr = _as_user(65534, "broken-bwrap", "quick")
     auto = out["auto"]
@@ -234,15 +232,10 @@ def test_broken_bwrap_on_path_is_a_loud_downgrade():
     assert auto["metrics"]["sandbox/downgraded"] == 1.0
 
 
+@pytest.mark.integration
 def test_sandbox_check_cli_exits_zero():
     code = "import sys; from agentic_grpo.sandbox.cli import main; raise SystemExit(main(sys.argv[1:]))"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "sandbox", "check", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    proc = run_python("-c", code, "sandbox", "check", "--json", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["probe"]["layer"] in ("bwrap", "landlock")

@@ -17,8 +17,8 @@ from agentic_grpo.sandbox import SandboxConfig, SandboxPool, bwrap
 from agentic_grpo.sandbox.attacks_resources import DEEP_TREE_CODE
 from agentic_grpo.sandbox.reclaim import ipc_objects
 from agentic_grpo.sandbox.workspace import remove_tree
+from tests.helpers import ROOT, environment, run_process, run_python
 
-ROOT_DIR = Path(__file__).resolve().parents[1]
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chattr, mounts, slot uids)")
 
 
@@ -53,12 +53,12 @@ def test_immutable_append_only_and_unreadable_entries_are_removed(tmp_path):
     (top / "a" / "b" / "f").write_text("x")
     (top / "frozen").write_text("x")
     (top / "log").write_text("x")
-    flagged = subprocess.run(["chattr", "+i", str(top / "frozen")], capture_output=True)
-    subprocess.run(["chattr", "+a", str(top / "log")], capture_output=True)
+    flagged = run_process("chattr", "+i", top / "frozen")
+    run_process("chattr", "+a", top / "log")
     if flagged.returncode != 0:
-        pytest.skip(f"this filesystem has no immutable flag: {flagged.stderr.decode().strip()}")
+        pytest.skip(f"this filesystem has no immutable flag: {flagged.stderr.strip()}")
     os.chmod(top / "a" / "b", 0)
-    subprocess.run(["chattr", "+a", str(top / "a" / "b")], check=True)  # its entries cannot be unlinked
+    run_process("chattr", "+a", top / "a" / "b", check=True)  # its entries cannot be unlinked
     os.chmod(top / "a", 0)
     with pytest.raises(OSError):
         os.unlink(top / "frozen")  # the flag is really there
@@ -72,7 +72,7 @@ def test_one_failed_release_never_blocks_the_others(caplog):
     slots = [pool.acquire() for _ in range(3)]
     stuck = slots[1].workspace
     # Stack a read-only bind mount on one workspace: its removal must fail (EBUSY), loudly, alone.
-    subprocess.run(["mount", "--bind", "-o", "ro", "/usr/share", str(stuck)], check=True)
+    run_process("mount", "--bind", "-o", "ro", "/usr/share", stuck, check=True)
     try:
         with caplog.at_level(logging.ERROR):
             pool.release(slots[1])  # must not raise
@@ -82,14 +82,15 @@ def test_one_failed_release_never_blocks_the_others(caplog):
         assert not slots[0].workspace.exists() and not slots[2].workspace.exists()
         assert all(s.closed for s in slots) and pool.live_slots == 0
     finally:
-        subprocess.run(["umount", "-l", str(stuck)], check=False)
-        subprocess.run(["umount", "-l", str(stuck)], check=False)
+        run_process("umount", "-l", stuck)
+        run_process("umount", "-l", stuck)
         remove_tree(stuck)
         if pool.root.exists():
             remove_tree(pool.root)
 
 
 @ROOT_ONLY
+@pytest.mark.integration
 def test_release_removes_the_slot_uids_ipc_objects():
     """Defence in depth behind seccomp: IPC objects a slot uid owns are removed at release."""
     python = "/usr/bin/python3"
@@ -99,10 +100,8 @@ def test_release_removes_the_slot_uids_ipc_objects():
     slot = pool.acquire()
     try:
         program = "import ctypes; l = ctypes.CDLL(None); print(l.shmget(0, 4096, 0o1000 | 0o600), l.msgget(0, 0o1000 | 0o600))"
-        made = subprocess.run(
-            ["setpriv", f"--reuid={slot.uid}", f"--regid={slot.uid}", "--clear-groups", "--", python, "-I", "-c", program],
-            capture_output=True, text=True, cwd="/", check=True,
-        )  # fmt: skip
+        made = run_process("setpriv", f"--reuid={slot.uid}", f"--regid={slot.uid}", "--clear-groups", "--", python,
+                           "-I", "-c", program, cwd="/", check=True)  # fmt: skip
         assert all(int(x) >= 0 for x in made.stdout.split()), made
         assert set(ipc_objects(slot.uid)) == {"shm", "msg"}
         uid = slot.uid
@@ -153,12 +152,11 @@ def test_cgroup_and_workspace_quota_live_and_die_with_the_slot():
     assert not any(p.exists() for p in pool.cgroups.parents.values())
 
 
+@pytest.mark.integration
 def test_launcher_refuses_when_landlock_enforces_less_than_reported():
     spec = {"argv": ["true"], "cwd": tempfile.gettempdir(), "env": {"PATH": bwrap.SAFE_PATH}, "rlimits": {},
             "landlock": {"read": ["/usr"], "write": [], "devices": [], "require": ["filesystem", "no_such_feature"]}}  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-I", "-S", bwrap.LAUNCHER, json.dumps(spec)], capture_output=True, text=True
-    )
+    proc = run_python("-I", "-S", bwrap.LAUNCHER, json.dumps(spec))
     assert proc.returncode == 127
     assert "does not enforce ['no_such_feature']" in proc.stderr
 
@@ -183,13 +181,16 @@ def test_memfd_is_refused_without_a_memory_cgroup_and_allowed_with_one():
 
 
 @ROOT_ONLY
+@pytest.mark.integration
 def test_a_killed_trainers_mounts_groups_and_workspaces_are_reclaimed_by_the_next_pool():
     code = (
         "import os, sys, time\nfrom agentic_grpo.sandbox import SandboxConfig, SandboxPool\n"
         "pool = SandboxPool(SandboxConfig())\nslot = pool.acquire()\n"
         "print(slot.workspace, *(slot.cgroup.dirs if slot.cgroup else []), flush=True)\ntime.sleep(600)\n"
     )
-    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT_DIR)
+    trainer = subprocess.Popen(  # read while it runs, then killed: not `run_process`
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=environment()
+    )
     try:
         paths = [Path(p) for p in trainer.stdout.readline().split()]
     finally:

@@ -5,36 +5,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, accelerate_launch, train
+
 CONFIGS = ROOT / "accelerate_configs"
 SMALL = ["--max_turns", "2", "--max_tokens_per_turn", "12", "--max_completion_length", "48"]
 
 
-def environment(**extra: str) -> dict[str, str]:
-    return {**os.environ, "AGENTIC_GRPO_CACHE": str(ROOT / ".model-cache"), "WANDB_MODE": "disabled", **extra}
-
-
-def launch(*args: str, processes: int = 2) -> subprocess.CompletedProcess:
+def launch(*args: str):
     """`accelerate launch --config_file accelerate_configs/cpu_2proc.yaml train.py ARGS`, as a user types it."""
-    accelerate = Path(sys.executable).with_name("accelerate")
-    return subprocess.run(
-        [str(accelerate), "launch", "--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--num_processes",
-         str(processes), str(ROOT / "train.py"), *args],
-        cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-
-
-def train(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=environment(**env), capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
+    return accelerate_launch(ROOT / "train.py", *args)
 
 
 # --- accelerate configs --------------------------------------------------------------------
@@ -72,6 +54,7 @@ def test_sharded_configs_carry_what_generation_and_saving_need():
 # --- two processes -------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_two_processes_each_roll_out_their_own_questions_and_metrics_are_gathered(tmp_path):
     out = tmp_path / "out"
     result = launch("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--max_steps", "1", *SMALL)
@@ -92,6 +75,7 @@ def test_two_processes_each_roll_out_their_own_questions_and_metrics_are_gathere
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (out / "checkpoint-1").iterdir()}
 
 
+@pytest.mark.integration
 def test_two_processes_reading_each_prompt_once_step_as_reading_it_per_row(tmp_path):
     """DDP over gloo, LoRA: each rank's group is scored with its prompt read once, two forward calls before
     one backward; the synchronised step (loss, gradient norm) is the one of whole-row reads."""
@@ -112,6 +96,7 @@ def test_two_processes_reading_each_prompt_once_step_as_reading_it_per_row(tmp_p
     assert steps["true"]["loss"] == pytest.approx(steps["false"]["loss"], rel=1e-3, abs=1e-6)
 
 
+@pytest.mark.integration
 def test_more_processes_than_questions_per_step_is_refused(tmp_path):
     out = tmp_path / "out"
     result = launch("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--per_device_train_batch_size", "2")
@@ -123,6 +108,7 @@ def test_more_processes_than_questions_per_step_is_refused(tmp_path):
 # --- LoRA ----------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_lora_run_saves_an_adapter_and_its_reference_is_the_base_with_adapters_off(tmp_path):
     import torch
     import yaml
@@ -177,8 +163,8 @@ def test_lora_trainer_keeps_no_reference_model(tmp_path, monkeypatch):
         (["--deepspeed", "DS_JSON"], {}, "DeepSpeed needs CUDA GPUs"),
         (["--resume_from_checkpoint", "NOT_A_CHECKPOINT"], {}, "is not a checkpoint (it has no trainer_state.json)"),
         (["--resume_from_checkpoint", "./no/such/checkpoint-3"], {}, "is not a checkpoint (it does not exist)"),
-        (["--kl_preset", "calm"], {}, "kl_preset `calm` is not known"),
-        (["--kl_target", "0.1", "--beta", "0"], {}, "needs beta > 0"),
+        (["--kl_control", "{preset: calm}"], {}, "kl_control preset `calm` is not known"),
+        (["--kl_control", "{target: 0.1}", "--beta", "0"], {}, "needs beta > 0"),
         (["--report_to", "wandb", "--wandb_mode", "sometimes"], {}, "wandb_mode must be"),
     ],
 )

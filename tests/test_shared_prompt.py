@@ -85,27 +85,19 @@ def test_rows_with_distinct_prompts_are_left_to_whole_reads(policy):
 def test_trainer_loss_and_gradients_match_with_and_without_read_prompt_once(tiny_model_dir, tmp_path, monkeypatch):
     """Through the trainer's real loss (TRL's clipped GRPO loss, KL against the reference): the same loss and
     gradients whether each prompt is read per row or once per group; and the shared path is the one taken."""
-    from datasets import Dataset
-
     from agentic_grpo import shared_prompt
-    from agentic_grpo.config import AgenticGRPOConfig
-    from agentic_grpo.trainer import AgenticGRPOTrainer
+    from tests.helpers import build_trainer
     from tests.scripted import case_prompt
 
     def by_tokens(prompts, completions, trajectory, **_):  # varied rewards, so advantages are not all zero
         return [float(sum(t.completion_ids) % 3) for t in trajectory]
 
     rows = [{"prompt": case_prompt(name), "question": name, "answer": "1"} for name in ("a", "b") for _ in range(4)]
-    config = AgenticGRPOConfig(
-        output_dir=str(tmp_path), environment="agentic_grpo.tools.calculator:Calculator", num_generations=4,
+    trainer = build_trainer(
+        tiny_model_dir, tmp_path, [by_tokens], rows, environment="agentic_grpo.tools.calculator:Calculator",
         per_device_train_batch_size=8, max_completion_length=48, max_tokens_per_turn=16, max_turns=2, beta=0.04,
-        gradient_checkpointing=False, report_to=[], save_strategy="no", save_trajectories_steps=0, seed=0,
+        save_trajectories_steps=0,
     )  # fmt: skip
-    trainer = AgenticGRPOTrainer(
-        model=tiny_model_dir, reward_funcs=[by_tokens], args=config, train_dataset=Dataset.from_list(rows)
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # set by the Trainer's loop, which we step around
     inputs = trainer._generate_and_score_completions(rows)
     assert inputs["advantages"].abs().sum() > 0
 

@@ -4,13 +4,16 @@ rollouts, and their losses agree (the comparison is of like with like)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+import pytest
+
+from tests.helpers import run_cli
+
+pytestmark = pytest.mark.integration  # the benchmark's command, in a process of its own
 
 
 def test_smoke_run_times_ours_and_plain_trl_on_the_same_rollouts(tiny_model_dir):
-    command = [sys.executable, "-m", "agentic_grpo.cli", "bench", "step", "--smoke", "--model", tiny_model_dir]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = run_cli("bench", "step", "--smoke", "--model", tiny_model_dir)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["benchmark"] == "step" and report["steps"] == 2 and report["group"] == 2

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from agentic_grpo.backends import TransformersBackend
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.rollout import RolloutLimits, RolloutManager
-from agentic_grpo.run_parts import RolloutParts
+from agentic_grpo.rollout_parts import RolloutParts
 from agentic_grpo.subagents import ModelSource, PolicySource, SubAgent
 from agentic_grpo.subagents.adapters import attach_adapter, generating_as
 from agentic_grpo.subagents.sources import attach_adapters, sampling_config

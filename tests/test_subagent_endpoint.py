@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.run_parts import build_rollout_parts
 from agentic_grpo.subagents import generated_tokens
@@ -50,6 +52,7 @@ def run(tmp_path, tokenizer, entry: dict, tasks: list[str]):
     return trajectories
 
 
+@pytest.mark.integration
 def test_endpoint_subagent_answers_through_a_real_server(tmp_path, tokenizer, llama_server):
     tasks = ["What is the capital of France?", "Name a color of the sky."]
     trajectories = run(tmp_path, tokenizer, endpoint_helper(llama_server), tasks)
@@ -64,6 +67,7 @@ def test_endpoint_subagent_answers_through_a_real_server(tmp_path, tokenizer, ll
         assert result.output in parent.segments[2].text  # the observation the parent reads
 
 
+@pytest.mark.integration
 def test_endpoint_child_runs_its_tools_and_sends_each_observation_back(tmp_path, tokenizer, llama_server):
     recorder = FaultProxy(upstream=llama_server.split("//")[1].split("/")[0])
     try:

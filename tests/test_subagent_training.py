@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
-from datasets import Dataset
 from peft import LoraConfig
 
 from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.trainer import AgenticGRPOTrainer
-from tests.scripted import ScriptedBackend, case_prompt
+from tests.helpers import build_trainer
+from tests.scripted import case_prompt
 from tests.subagent_support import RecordingGenerate
 from tests.varied_rewards import distinct_characters
 
@@ -31,19 +31,13 @@ def test_child_tokens_reach_the_parent_only_as_tool_tokens_with_zero_loss_mask(t
     helper = {"name": "helper", "description": "Answers a sub-task.", "model": tiny_model_dir, "max_turns": 1,
               "format": "tests.subagent_support:CallingFormat", "format_kwargs": {"tool": None},
               "max_tokens_per_turn": 12}  # fmt: skip
-    config = AgenticGRPOConfig(
-        output_dir=str(tmp_path), environment="agentic_grpo.tools.calculator:Calculator", subagents=[helper],
-        num_generations=4, per_device_train_batch_size=4, max_completion_length=200, max_tokens_per_turn=80,
-        beta=0.04, gradient_checkpointing=False, report_to=[], save_strategy="no", save_trajectories_steps=0, seed=0,
-    )  # fmt: skip
     rows = [
         {"prompt": case_prompt(name), "question": name, "answer": "408"} for name in ["ask", "direct", "twice", "ask"]
     ]
-    trainer = AgenticGRPOTrainer(model=tiny_model_dir, reward_funcs=[exact], args=config,
-                                 train_dataset=Dataset.from_list(rows))  # fmt: skip
-    trainer.generation_backend = ScriptedBackend(trainer.processing_class, SCRIPTS)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = build_trainer(
+        tiny_model_dir, tmp_path, [exact], rows, scripts=SCRIPTS, environment="agentic_grpo.tools.calculator:Calculator",
+        subagents=[helper], max_completion_length=200, max_tokens_per_turn=80, beta=0.04, save_trajectories_steps=0,
+    )  # fmt: skip
     inputs = trainer._generate_and_score_completions(rows)
 
     assert [len(t.children) for t in SCORED] == [1, 0, 2, 1]
@@ -80,22 +74,20 @@ def test_child_tokens_reach_the_parent_only_as_tool_tokens_with_zero_loss_mask(t
     assert grad[inputs["tool_mask"].bool() & inputs["completion_mask"].bool()].sum() > 0
 
 
+@pytest.mark.integration  # trains for several steps
 def test_two_grpo_steps_with_a_lora_adapter_subagent_on_the_policys_base_model(tiny_model_dir, tmp_path):
     helper = {"name": "helper", "description": "Answers a sub-task.", "adapter": "helper", "max_turns": 1,
               "format": "tests.subagent_support:CallingFormat", "format_kwargs": {"tool": None},
               "max_tokens_per_turn": 8}  # fmt: skip
-    config = AgenticGRPOConfig(
-        output_dir=str(tmp_path), environment="agentic_grpo.environment:ToolEnvironment", subagents=[helper],
-        format="tests.subagent_support:CallingFormat", format_kwargs={"tool": "helper"}, max_turns=2,
-        max_tokens_per_turn=8, max_completion_length=96, num_generations=4, per_device_train_batch_size=4,
-        max_steps=2, learning_rate=1e-2, beta=0.04, temperature=1.0, gradient_checkpointing=False, report_to=[],
-        save_strategy="no", save_trajectories_steps=1, logging_steps=1, seed=0,
-    )  # fmt: skip
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} * 7?"}], "question": f"What is {a} * 7?"}
             for a in range(100, 108)]  # fmt: skip
-    trainer = AgenticGRPOTrainer(
-        model=tiny_model_dir, reward_funcs=[distinct_characters], args=config, train_dataset=Dataset.from_list(rows),
+    trainer = build_trainer(
+        tiny_model_dir, tmp_path, [distinct_characters], rows, stepped_by_hand=False,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+        environment="agentic_grpo.environment:ToolEnvironment", subagents=[helper],
+        format="tests.subagent_support:CallingFormat", format_kwargs={"tool": "helper"}, max_turns=2,
+        max_tokens_per_turn=8, max_completion_length=96, max_steps=2, learning_rate=1e-2, beta=0.04, temperature=1.0,
+        save_trajectories_steps=1, logging_steps=1,
     )  # fmt: skip
     model = trainer.model
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
@@ -136,7 +128,7 @@ def test_eval_runs_adapter_subagents_on_the_policy_and_reports_their_cost(tiny_m
                             LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
     rows = [{"question": f"What is {a} * 7?", "answer": str(a * 7)} for a in range(100, 104)]
     metrics, records = evaluate(policy, AutoTokenizer.from_pretrained(tiny_model_dir), build_rollout_parts(config),
-                                [distinct_characters], rows, progress=False)  # fmt: skip
+                                [distinct_characters], rows, progress=False, correctness="distinct_characters")  # fmt: skip
     calls = sum(len(r.get("children", [])) for r in records)
-    assert calls > 0 and metrics["subagent_calls_per_trajectory"] == calls / len(rows)
-    assert metrics["subagent_tokens_per_trajectory"] > 0 and "helper" in policy.peft_config
+    assert calls > 0 and metrics["subagents/calls_per_trajectory"] == calls / len(rows)
+    assert metrics["subagents/tokens_per_trajectory"] > 0 and "helper" in policy.peft_config

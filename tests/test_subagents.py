@@ -209,14 +209,14 @@ def test_show_draws_each_child_under_the_call_that_made_it(tmp_path, capsys, mon
     assert "Q: Where?" in lines[child_at + 1] and "sub-agent trajectories" in lines[-1]
 
 
-def test_the_readme_example_turns_a_users_environment_into_a_subagent(tmp_path, monkeypatch):
+def test_the_documented_example_turns_a_users_environment_into_a_subagent(tmp_path, monkeypatch):
     import re
 
     import yaml
 
-    from tests.test_train_e2e import ROOT
+    from tests.helpers import ROOT
 
-    section = (ROOT / "README.md").read_text().split("## Sub-agents\n", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "subagents.md").read_text()
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
     (tmp_path / "my_tools.py").write_text(code)

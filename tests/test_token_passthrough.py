@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from datasets import Dataset
-
 from agentic_grpo.backends import TrainerBackend
-from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.trainer import AgenticGRPOTrainer
+from tests.helpers import build_trainer
 
 SCORED: list = []  # the trajectories TRL handed the reward, in the batch's order
 
@@ -19,14 +16,8 @@ def zero(prompts, completions, trajectory, **_):
 def test_model_segments_are_exactly_the_sampled_ids(tiny_model_dir, tmp_path):
     question = [{"role": "user", "content": "What is 123 * 45?"}]
     rows = [{"prompt": question, "question": "q", "answer": "5535"}] * 4
-    config = AgenticGRPOConfig(
-        output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, max_completion_length=64,
-        max_tokens_per_turn=16, max_turns=3, gradient_checkpointing=False, report_to=[], save_strategy="no",
-        save_trajectories_steps=0, seed=0,
-    )  # fmt: skip
-    trainer = AgenticGRPOTrainer(
-        model=tiny_model_dir, reward_funcs=[zero], args=config, train_dataset=Dataset.from_list(rows)
-    )
+    trainer = build_trainer(tiny_model_dir, tmp_path, [zero], rows, stepped_by_hand=False, max_completion_length=64,
+                            max_tokens_per_turn=16, max_turns=3, save_trajectories_steps=0)  # fmt: skip
     raw_outputs = []
     model = trainer.model
     original_generate = model.generate

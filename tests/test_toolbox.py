@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agentic_grpo.tasks import split_of
 from agentic_grpo.tools.toolbox import MathToolbox, Toolbox
-from agentic_grpo.tools.toolbox_tasks import EXPECTED_TOOLS, split_of, toolbox_tasks
+from agentic_grpo.tools.toolbox_tasks import EXPECTED_TOOLS, toolbox_tasks
 from agentic_grpo.trajectory import ToolCall
 
 
@@ -117,19 +118,7 @@ def test_train_and_test_never_share_a_task_whatever_the_seed():
     test = [row["question"] for split in (first, second) for row in split["test"]]
     assert not train & set(test)
     assert len(set(first["test"][i]["question"] for i in range(48))) == 48  # test rows are distinct
-    assert split_of("lookup:gold:symbol", 0.2) == split_of("lookup:gold:symbol", 0.2)
-
-
-def test_a_train_order_repeats_its_pattern_and_leaves_the_test_split_as_it_was():
-    plain = toolbox_tasks(120, 12, seed=0)
-    ordered = toolbox_tasks(120, 12, seed=0, train_order=["strings", "python", "strings", "dates"])
-    assert ordered["test"] == plain["test"]
-    assert [row["kind"] for row in ordered["train"][:8]] == ["strings", "python", "strings", "dates"] * 2
-    strings = [row for row in plain["train"] if row["kind"] == "strings"]
-    assert [row for row in ordered["train"] if row["kind"] == "strings"] == strings  # each kind's rows, in order
-    assert len(ordered["train"]) == 2 * len(strings)  # strings, half of each pattern, ran out: the split ends
-    with pytest.raises(ValueError, match="`train_order` must name some of"):
-        toolbox_tasks(kinds=["units"], train_order=["dates"])
+    assert split_of("toolbox:lookup:gold:symbol", 0.2) == split_of("toolbox:lookup:gold:symbol", 0.2)
 
 
 def test_a_routing_mix_names_its_specialists_and_bad_options_are_refused():

@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, train, write_recipe
+
+pytestmark = pytest.mark.integration  # every test runs train.py in a process of its own
+
 METRICS = [
     "reward", "reward_std", "rewards/correctness/mean", "rewards/format/mean", "kl", "tokens/trainable_ratio",
     "tools/calls_per_trajectory", "tools/error_rate", "tools/timeout_rate", "tools/truncated_rate",
     "trajectories/invalid_rate", "trajectories/turns_mean", "time/generation", "time/tools", "time/reward",
     "time/step",
 ]  # fmt: skip
-
-
-def train(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "AGENTIC_GRPO_CACHE": str(cwd / ".model-cache"), "WANDB_MODE": "disabled"}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -94,19 +85,6 @@ def test_bad_command_line_stops_before_any_output(tmp_path, override, message):
     assert result.returncode != 0
     assert message in result.stderr
     assert not out.exists()
-
-
-def write_recipe(tmp_path: Path, **changes) -> Path:
-    import yaml
-
-    recipe = yaml.safe_load((ROOT / "recipes" / "ci_tiny.yaml").read_text())
-    recipe.update(changes)
-    recipe["output_dir"] = str(tmp_path / "out")
-    for key in [k for k, v in changes.items() if v is None]:
-        recipe.pop(key)
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe))
-    return path
 
 
 def test_mistyped_recipe_field_is_named_with_a_suggestion(tmp_path):

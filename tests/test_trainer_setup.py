@@ -39,10 +39,10 @@ class RecordingBackend(ScriptedBackend):
         self.trainer = trainer
         self.training_at_generate: list[bool] = []
 
-    def generate(self, batch, stop, max_new_tokens):
+    def generate(self, batch, stop, max_new_tokens, choices=None, assigned=None):
         modules = list(self.trainer.model.modules())[1:]  # the root's flag only tells TRL train from eval
         self.training_at_generate.append(any(m.training for m in modules))
-        return super().generate(batch, stop, max_new_tokens)
+        return super().generate(batch, stop, max_new_tokens, choices, assigned)
 
 
 @pytest.fixture
@@ -113,8 +113,8 @@ def test_on_reward_error_none_holds_for_a_trainer_built_directly(tiny_model_dir,
 class LogprobBackend(ScriptedBackend):
     """Scripted text with a made-up sampling log-prob per token, as the vLLM backend reports them."""
 
-    def generate(self, batch, stop, max_new_tokens):
-        generations = super().generate(batch, stop, max_new_tokens)
+    def generate(self, batch, stop, max_new_tokens, choices=None, assigned=None):
+        generations = super().generate(batch, stop, max_new_tokens, choices, assigned)
         for generation in generations:
             generation.logprobs = [-0.5 - 0.01 * k for k in range(len(generation.token_ids))]
         return generations

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from agentic_grpo.rollout import RolloutLimits
-from agentic_grpo.run_parts import load_environment
+from agentic_grpo.rollout_parts import load_environment
 from agentic_grpo.trajectory import Trajectory
 from tests.credit_support import CASES, SCRIPTS, TURN_TERMS, build_trainer, rows
+from tests.helpers import launch_two_processes
 from tests.scripted import ScriptedBackend
-from tests.two_processes import launch_two_processes
 
 
 def test_a_fact_is_paid_once_per_trajectory():
@@ -132,6 +132,7 @@ def test_anchor_needs_an_environment_with_a_state(tiny_model_dir, tmp_path):
         build_trainer(tiny_model_dir, str(tmp_path), "anchor", environment="agentic_grpo.tools.calculator:Calculator")
 
 
+@pytest.mark.integration
 def test_a_group_split_over_two_processes_is_estimated_whole(tiny_model_dir, tmp_path):
     result = launch_two_processes("credit_two_processes.py", tiny_model_dir, str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]

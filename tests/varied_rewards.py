@@ -1,4 +1,6 @@
-"""A reward for tests that differs between samples of a random model, so GRPO advantages are non-zero.
+"""Rewards that test recipes name by string (`tests.varied_rewards:NAME`).
+
+`distinct_characters` differs between samples of a random model, so GRPO advantages are non-zero.
 
 A tiny random model writes every trajectory to the length cap and never answers: rule
 rewards are then equal within each group, advantages 0, loss 0, and "the loss after a
@@ -18,3 +20,8 @@ def distinct_characters(prompts: list, completions: list, trajectory: list, **_:
 def raising(prompts: list, completions: list, **_: Any) -> list[float]:
     """A reward with a bug: it always raises (for the tests of `on_reward_error`)."""
     raise RuntimeError("the reward broke")
+
+
+def needs_difficulty(prompts: list, completions: list, difficulty: list, **_: Any) -> list[float]:
+    """A reward that needs a `difficulty` column (for the start-up check of reward columns)."""
+    return [1.0 for _ in completions]

@@ -14,13 +14,13 @@ table) repeat facts in different phrasings.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import itertools
 import math
 import random
 from collections.abc import Callable
 from typing import Any
 
+from agentic_grpo.tasks import split_of
 from agentic_grpo.tools.dates import days_between, weekday
 from agentic_grpo.tools.facts import ELEMENTS, PROPERTIES, element_property
 from agentic_grpo.tools.strings import apply
@@ -136,12 +136,6 @@ GENERATORS: dict[str, Callable[[random.Random], Task]] = {
 }  # fmt: skip
 
 
-def split_of(facts: str, test_fraction: float) -> str:
-    """`test` or `train` for a task's facts, by a hash that no seed changes."""
-    digest = hashlib.sha256(f"toolbox:{facts}".encode()).digest()
-    return "test" if int.from_bytes(digest[:8], "big") / 2**64 < test_fraction else "train"
-
-
 def toolbox_tasks(
     num_train: int = 2000,
     num_test: int = 48,
@@ -149,7 +143,6 @@ def toolbox_tasks(
     kinds: list[str] | tuple[str, ...] = KINDS,
     expected: dict[str, str | list[str]] | None = None,
     test_fraction: float = 0.2,
-    train_order: list[str] | tuple[str, ...] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows `{question, answer, expected_tools, kind}` for train and test, the kinds in turn.
 
@@ -158,9 +151,6 @@ def toolbox_tasks(
         expected: kind -> the tool or sub-agent name(s) that should answer it, instead of the toolbox's tool
             (a routing recipe names its specialists here).
         test_fraction: the share of each kind's facts that belong to the test split.
-        train_order: a pattern of kinds the train split follows, repeated (a curriculum: a kind named twice
-            comes twice as often). The rows drawn and the test split are the same as without it; the train
-            split ends early if a kind named in the pattern runs out of rows.
     """
     unknown = sorted(set(kinds) - set(GENERATORS))
     if unknown or not kinds:
@@ -170,11 +160,6 @@ def toolbox_tasks(
         if kind not in names:
             raise ValueError(f"toolbox_tasks: `expected` names kind `{kind}`, which is not among {list(kinds)}")
         names[kind] = [value] if isinstance(value, str) else list(value)
-    unordered = sorted(set(train_order or ()) - set(kinds))
-    if unordered or (train_order is not None and not train_order):
-        raise ValueError(
-            f"toolbox_tasks: `train_order` must name some of {list(kinds)}, got {list(train_order or [])}"
-        )
     rng = random.Random(seed)
     per_kind = {split: math.ceil(wanted / len(kinds)) for split, wanted in (("train", num_train), ("test", num_test))}
     drawn: dict[str, dict[str, list[dict[str, Any]]]] = {"train": {}, "test": {}}
@@ -185,7 +170,7 @@ def toolbox_tasks(
             if all(len(rows[s]) >= per_kind[s] for s in rows):
                 break
             facts, question, answer = GENERATORS[kind](rng)
-            split = split_of(facts, test_fraction)
+            split = split_of(f"toolbox:{facts}", test_fraction)
             if len(rows[split]) >= per_kind[split] or (split == "test" and facts in test_facts):
                 continue
             if split == "test":
@@ -196,11 +181,9 @@ def toolbox_tasks(
                              "(too few facts): lower num_test or raise test_fraction")  # fmt: skip
         for split in rows:
             drawn[split][kind] = rows[split]
-    # Without a pattern the kinds come in turn; each kind drew the same number of rows, so none runs out early.
-    order = {"train": train_order or kinds, "test": kinds}
+    # The kinds come in turn; each kind drew the same number of rows, so none runs out early.
     return {
-        split: _follow(order[split], drawn[split], wanted)
-        for split, wanted in (("train", num_train), ("test", num_test))
+        split: _follow(kinds, drawn[split], wanted) for split, wanted in (("train", num_train), ("test", num_test))
     }
 
 

@@ -60,7 +60,12 @@ class ProbeBackend:
         self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
 
     def generate(
-        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: Any = None
+        self,
+        batch: list[list[int]],
+        stop: list[str],
+        max_new_tokens: int,
+        choices: Any = None,
+        assigned: Any = None,
     ) -> list[Generation]:
         """The next scripted turn for every row (`choices` is moot: nothing is sampled)."""
         text = self.turns[self.calls] if self.calls < len(self.turns) else ""

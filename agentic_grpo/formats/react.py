@@ -51,13 +51,13 @@ class ReActFormat:
             and the `Action Input:` line (`agentic_grpo.action_choices`): the model still chooses the
             tool and writes its arguments, but cannot name a tool that does not exist or leave the
             arguments out. Transformers backends only (vLLM refuses it).
-        action_temperature: with `constrain_actions`, the tool's name is sampled at the sampling temperature
+        action_temperature: (experimental: a recipe sets it under `experimental:`) with `constrain_actions`, the tool's name is sampled at the sampling temperature
             times this (above 1: tools the model rates low are tried more often; greedy decoding is the same).
         constrain_arguments: with `constrain_actions`, the `Action Input:` line also opens the named tool's JSON
             object with its first argument's key (`{"query": "`), as function-calling servers hold arguments to
             the tool's schema; the model writes the value and the rest. A small model otherwise writes keys of
             its own (`{"date": ...}` to a tool whose argument is `query`), which the tool refuses.
-        canonical_actions: with `constrain_actions`, the slot follows each continuation's own tokenization
+        canonical_actions: (experimental: a recipe sets it under `experimental:`) with `constrain_actions`, the slot follows each continuation's own tokenization
             (`" lookup"`, then `"\n"`, ...), so the tool is chosen by one token the loss trains; otherwise any
             tokens that spell a continuation may (`" "` then `"lookup"`, or `" l"` then `"ookup"`), and GRPO can
             move the choice onto fragments it never learned to rank (`agentic_grpo.action_choices`).
@@ -101,11 +101,11 @@ class ReActFormat:
         self.example_turns = list(example_turns or [])
         self.response_prefix = response_prefix
         if action_temperature <= 0:
-            raise ValueError(f"format_kwargs `action_temperature` must be above 0, got {action_temperature}")
+            raise ValueError(f"`action_temperature` must be above 0, got {action_temperature}")
         if constrain_arguments and not constrain_actions:
             raise ValueError("format_kwargs `constrain_arguments` needs `constrain_actions: true`")
         if canonical_actions and not constrain_actions:
-            raise ValueError("format_kwargs `canonical_actions` needs `constrain_actions: true`")
+            raise ValueError("`canonical_actions` needs format_kwargs `constrain_actions: true`")
         self.action_choices = (
             ActionChoices(
                 "Action:",

@@ -229,8 +229,9 @@ class CgroupSet:
 
         Group scheduling makes all slots one entity against the host's other processes: at the
         default weight, every sandboxed call together would get one process's share of a busy
-        host (measured here: 64 slots at 52/s instead of 73/s). Weighing one process per live
-        slot keeps each slot's share what a plain process had; each slot stays capped by its quota.
+        host, and many slots would run slower than as many plain processes. Weighing one process
+        per live slot keeps each slot's share what a plain process had; each slot stays capped by
+        its quota.
         """
         if self.version == 1 and "cpu" in self.parents:
             path, weight = self.parents["cpu"] / "cpu.shares", min(262144, 1024 * max(1, live_slots))

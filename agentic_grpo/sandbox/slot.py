@@ -16,18 +16,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import bwrap as cmdlines
 from . import seccomp
-from .cgroup import SlotCgroup
+from .cgroup import CgroupSet, SlotCgroup
 from .config import ExecResult, SandboxConfig
 from .reclaim import kill_uid, remove_ipc
 from .runner import execute
 from .workspace import release_workspace
-
-if TYPE_CHECKING:
-    from .pool import SandboxPool
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +153,18 @@ class UidLease:
             self._fd = -1
 
 
+class SlotOwner(Protocol):
+    """What a slot uses of the pool that made it (`SandboxPool` is one): its limits, how it starts and
+    kills commands, where a released slot's cgroup goes back, and `release`, which `with slot:` calls."""
+
+    config: SandboxConfig
+    layer: str
+    spawner: Spawner
+    cgroups: CgroupSet
+
+    def release(self, slot: SandboxSlot) -> None: ...
+
+
 class SandboxSlot:
     """One isolated slot, owned by one live trajectory until the pool releases it.
 
@@ -168,7 +177,7 @@ class SandboxSlot:
 
     def __init__(
         self,
-        pool: SandboxPool,
+        pool: SlotOwner,
         workspace: Path,
         uid: int | None,
         lease: UidLease | None = None,
@@ -304,4 +313,4 @@ def _raise_if(failures: list[str]) -> None:
         raise OSError("; ".join(failures))
 
 
-__all__ = ["SandboxSlot", "Spawner", "UidLease", "kill_uid", "private_dir"]
+__all__ = ["SandboxSlot", "SlotOwner", "Spawner", "UidLease", "kill_uid", "private_dir"]

@@ -8,20 +8,19 @@
 - `usage.py`: calls and tokens of the sub-agents under a trajectory (delegation's cost).
 """
 
-from agentic_grpo.subagents.agent import SubAgent
-from agentic_grpo.subagents.endpoint import EndpointSource
-from agentic_grpo.subagents.sources import ModelSource, PolicySource
-from agentic_grpo.subagents.spec import SubAgentConfig, build_subagents
-from agentic_grpo.subagents.usage import descendants, generated_tokens, subagent_usage
+import importlib
+from typing import Any
 
-__all__ = [
-    "EndpointSource",
-    "ModelSource",
-    "PolicySource",
-    "SubAgent",
-    "SubAgentConfig",
-    "build_subagents",
-    "descendants",
-    "generated_tokens",
-    "subagent_usage",
-]
+# Each name's module, imported on first use: a recipe without sub-agents never loads them.
+_EXPORTS = {
+    "SubAgent": "agent", "EndpointSource": "endpoint", "ModelSource": "sources", "PolicySource": "sources",
+    "SubAgentConfig": "spec", "build_subagents": "spec", "descendants": "usage", "generated_tokens": "usage",
+    "subagent_usage": "usage",
+}  # fmt: skip
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -22,12 +22,12 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentic_grpo.environment import _check_arguments
+from agentic_grpo.environment import check_arguments
 from agentic_grpo.subagents.sources import PolicySource
 from agentic_grpo.trajectory import Delegation, Segment, ToolCall, ToolResult, Trajectory
 
 if TYPE_CHECKING:
-    from agentic_grpo.run_parts import RolloutParts
+    from agentic_grpo.rollout_parts import RolloutParts
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ class SubAgent:
     train: bool = False
     learning_rate: float | None = None
     rewards: tuple[tuple[Any, float], ...] = ()
+
+    @staticmethod
+    def delegate(*args: Any) -> DelegatedCalls:
+        """One turn's calls to sub-agents, as the rollout manager hands them over (see `DelegatedCalls`)."""
+        return DelegatedCalls(*args)
 
     def tool_schema(self) -> dict[str, Any]:
         """The JSON schema the parent's format describes the tool with."""
@@ -95,7 +100,7 @@ class SubAgent:
         answers: list[tuple[ToolResult, Trajectory | None] | None] = [None] * len(calls)
         valid = []
         for k, call in enumerate(calls):
-            problem = _check_arguments(self.tool_schema(), call.arguments)
+            problem = check_arguments(self.tool_schema(), call.arguments)
             if problem:
                 message = f"Error: bad arguments for `{self.name}`: {problem}"
                 answers[k] = (ToolResult(output=message, error=message), None)

@@ -240,9 +240,14 @@ class CoTraining:
         summary = assign_advantages(samples, group, first, trainer.scale_rewards)
         rewards = gather_object([t.reward for t in trajectories if t.reward is not None])
         summary[POLICY_ROLE] = {"reward": sum(rewards) / max(len(rewards), 1), "samples": float(len(rewards))}
-        for role in [POLICY_ROLE, *(r.name for r in self.roles)]:
-            for key, value in summary.get(role, {"samples": 0.0}).items():  # no samples: no reward to log
-                trainer._metrics[mode][f"roles/{role}/{key}"].append(value)
+        trainer.log_metrics(
+            {
+                f"roles/{role}/{key}": value
+                for role in [POLICY_ROLE, *(r.name for r in self.roles)]
+                for key, value in summary.get(role, {"samples": 0.0}).items()  # no samples: no reward to log
+            },
+            mode,
+        )
         generate_every = trainer.args.steps_per_generation * trainer.num_iterations
         needs_old = trainer.args.gradient_accumulation_steps % generate_every != 0
         if needs_old or trainer.beta != 0.0:
@@ -288,10 +293,11 @@ class CoTraining:
         trainer = self.trainer
         mode = "train" if trainer.model.training else "eval"
         accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
-        metrics = trainer._metrics[mode]
-        metrics[f"roles/{POLICY_ROLE}/loss"].append(loss.item() * accumulation)
-        if metrics.get("kl"):
-            metrics[f"roles/{POLICY_ROLE}/kl"].append(metrics["kl"][-1])
+        values = {f"roles/{POLICY_ROLE}/loss": loss.item() * accumulation}
+        logged_kl = trainer._metrics[mode].get("kl")
+        if logged_kl:
+            values[f"roles/{POLICY_ROLE}/kl"] = logged_kl[-1]
+        trainer.log_metrics(values, mode)
 
     def losses(self, model: Any, rows: list[list[ChildSample]], backward: Any = None) -> dict[str, torch.Tensor]:
         """Each role's GRPO loss over the children of one micro-batch's rows (`rows`: their samples), scaled
@@ -304,7 +310,6 @@ class CoTraining:
         # freezes every adapter but the active one: the roles' adapters are made trainable again first.
         self.make_trainable()
         mode = "train" if self.trainer.model.training else "eval"
-        metrics = self.trainer._metrics[mode]
         found = {}
         for role in self.roles:
             mine = [s for row in rows for s in row if s.role == role.name]
@@ -320,7 +325,8 @@ class CoTraining:
             loss = sum(part[0] for part in parts)
             found[role.name] = loss
             accumulation = self.trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
-            metrics[f"roles/{role.name}/loss"].append(loss.item() * accumulation)
+            values = {f"roles/{role.name}/loss": loss.item() * accumulation}
             if self.trainer.beta != 0.0:
-                metrics[f"roles/{role.name}/kl"].append(sum(p[1] for p in parts) / max(sum(p[2] for p in parts), 1.0))
+                values[f"roles/{role.name}/kl"] = sum(p[1] for p in parts) / max(sum(p[2] for p in parts), 1.0)
+            self.trainer.log_metrics(values, mode)
         return found

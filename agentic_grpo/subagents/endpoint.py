@@ -25,7 +25,7 @@ from agentic_grpo.truncation import encode_untrusted, truncate_tool_output
 
 if TYPE_CHECKING:
     from agentic_grpo.rollout import RolloutManager
-    from agentic_grpo.run_parts import RolloutParts
+    from agentic_grpo.rollout_parts import RolloutParts
 
 
 class EndpointSource:

@@ -18,7 +18,7 @@ from agentic_grpo.subagents.adapters import BASE, AdapterBackend, TrainerAdapter
 from agentic_grpo.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentic_grpo.run_parts import RolloutParts
+    from agentic_grpo.rollout_parts import RolloutParts
 
 
 def local_rollout(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -109,9 +110,11 @@ class SubAgentConfig:
     subagents: list[dict] | None = field(default=None, metadata={"help": "Its own sub-agents (local models only)."})
 
 
-def build_subagents(entries: list[dict] | None, parent: Any) -> list[Any]:
+def build_subagents(entries: list[dict] | None, parent: Any, build_parts: Callable[..., Any]) -> list[Any]:
     """`SubAgent`s from the recipe field `subagents` of `parent` (an `AgenticGRPOConfig`, or a sub-agent's
-    config for nested ones); raises PluginError naming the entry and the fix."""
+    config for nested ones); raises PluginError naming the entry and the fix. `build_parts(config,
+    tools_required=False)` builds a sub-agent's own rollout parts, as the core builds the recipe's
+    (`agentic_grpo.run_parts.build_rollout_parts`)."""
     agents = []
     for number, entry in enumerate(entries or []):
         where = f"recipe field `subagents` entry {number}"
@@ -121,7 +124,7 @@ def build_subagents(entries: list[dict] | None, parent: Any) -> list[Any]:
         for key in ("name", "description"):
             if not entry.get(key):
                 raise PluginError(f"{where} needs `{key}`")
-        agents.append(build_subagent(SubAgentConfig(**entry), parent))
+        agents.append(build_subagent(SubAgentConfig(**entry), parent, build_parts))
     names = [a.name for a in agents]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -129,9 +132,9 @@ def build_subagents(entries: list[dict] | None, parent: Any) -> list[Any]:
     return agents
 
 
-def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
-    """One `SubAgent`: its own rollout parts (built like the recipe's) and who writes its turns."""
-    from agentic_grpo.run_parts import build_rollout_parts
+def build_subagent(spec: SubAgentConfig, parent: Any, build_parts: Callable[..., Any]) -> Any:
+    """One `SubAgent`: its own rollout parts (built like the recipe's, by `build_parts`) and who writes its
+    turns."""
     from agentic_grpo.subagents.agent import SubAgent
     from agentic_grpo.subagents.endpoint import EndpointSource
     from agentic_grpo.subagents.sources import ModelSource, PolicySource
@@ -162,7 +165,7 @@ def build_subagent(spec: SubAgentConfig, parent: Any) -> Any:
         if getattr(spec, key) is not None and not spec.train:
             raise PluginError(f"{where}: `{key}` is for a trained sub-agent: add `train: true`, or drop it")
     child = _child_config(spec, parent)
-    parts = build_rollout_parts(child, tools_required=False)
+    parts = build_parts(child, tools_required=False)
     code_tools = parts.environment.needs_sandbox or any(a.parts.sandbox is not None for a in parts.agents)
     if code_tools and child.tool_timeout != parent.tool_timeout:
         raise PluginError(
@@ -209,7 +212,6 @@ def _child_config(spec: SubAgentConfig, parent: Any) -> types.SimpleNamespace:
             values[name] = getattr(parent, name)
     values["environment_kwargs"] = dict(spec.environment_kwargs or {})
     values["format_kwargs"] = dict(spec.format_kwargs or {})
-    for name in ("sandbox", "sandbox_memory_mb", "sandbox_workspace_mb", "sandbox_workspace_inodes",
-                 "sandbox_cpu_cores", "sandbox_max_processes", "tool_workers"):  # fmt: skip
+    for name in ("sandbox", "tool_workers"):
         values[name] = getattr(parent, name)
     return types.SimpleNamespace(**values)

@@ -6,9 +6,7 @@ trajectory, i.e. per attempt at a query, in training (`subagents/*`) and in `age
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from collections.abc import Callable
 
 from agentic_grpo.trajectory import Trajectory
 
@@ -35,13 +33,16 @@ def subagent_usage(trajectories: list[Trajectory]) -> tuple[int, int, int]:
     return len(children), sum(generated_tokens(c) for c in children), failed
 
 
-def log_subagent_metrics(trainer: Any, trajectories: list[Trajectory]) -> None:
+def subagent_metrics(
+    trajectories: list[Trajectory], sum_over_processes: Callable[[list[float]], list[float]]
+) -> dict[str, float]:
     """`subagents/calls_per_trajectory`, `subagents/tokens_per_trajectory` and `subagents/no_answer_rate` of a
-    trainer's batch, summed over processes before dividing (every process calls it: the gather is collective)."""
-    counts = torch.tensor([len(trajectories), *subagent_usage(trajectories)], dtype=torch.float64,
-                          device=trainer.accelerator.device)  # fmt: skip
-    n, calls, tokens, failed = trainer.accelerator.gather(counts).view(-1, counts.numel()).sum(0).tolist()
-    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
-    metrics["subagents/calls_per_trajectory"].append(calls / n)
-    metrics["subagents/tokens_per_trajectory"].append(tokens / n)
-    metrics["subagents/no_answer_rate"].append(failed / calls if calls else 0.0)
+    batch, summed over processes before dividing (collective: every process calls it)."""
+    n, calls, tokens, failed = sum_over_processes(
+        [float(len(trajectories)), *map(float, subagent_usage(trajectories))]
+    )
+    return {
+        "subagents/calls_per_trajectory": calls / n,
+        "subagents/tokens_per_trajectory": tokens / n,
+        "subagents/no_answer_rate": failed / calls if calls else 0.0,
+    }

@@ -1,11 +1,12 @@
-"""The tool choice's reward, differentiated exactly at each trajectory's first action slot
-(`choice_gradient_weight`).
+"""An auxiliary loss supervised by the rows' tool labels: the tool choice's reward, differentiated exactly at each
+trajectory's first action slot (`experimental: {choice_gradient_weight: W}`).
+
+In RL terms this is not GRPO: it is a supervised auxiliary term, the exact gradient of E_pi[r] over the slot's
+choices for a reward known from each row's `expected_tools` label, added to the GRPO loss.
 
 GRPO learns which tool a question needs from the G tools a group sampled: the sampled name's token is pushed up
-or down by its trajectory's advantage, and the tools nobody sampled get nothing. On the toolbox (eight tools,
-SmolLM2-135M) this estimate drifts: the tool a kind's groups are paid for rises at every action slot, whatever
-the question, and the groups of other kinds that never sample it have no sample to pull it back with
-(benchmarks/RUNS.md). Where the reward of each choice is known without running it (the row names its expected
+or down by its trajectory's advantage, and the tools nobody sampled get nothing, so the tool one kind's groups
+are paid for can rise at every action slot, whatever the question. Where the reward of each choice is known without running it (the row names its expected
 tools, as `ToolChoice` pays them), the policy gradient of that reward at the slot needs no samples: over the
 slot's choices a (the tools' first tokens of a canonical slot), with pi the slot's distribution renormalised over
 them (at temperature 1, whose order is greedy decoding's), E_pi[r] = sum over expected a of pi(a), and its
@@ -31,15 +32,53 @@ from typing import Any
 
 import torch
 
-from agentic_grpo.action_weight import action_name_positions
 from agentic_grpo.formats import ActionChoices
 from agentic_grpo.selection import expected_tools
 from agentic_grpo.trajectory import Trajectory
 
 CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT = (
     "`choice_gradient_weight` needs a slot whose choice is one token: format: react with "
-    "format_kwargs: {constrain_actions: true, canonical_actions: true}"
+    "format_kwargs: {constrain_actions: true} and experimental: {canonical_actions: true}"
 )
+
+
+def name_spans(text: str, choices: ActionChoices) -> list[tuple[int, int]]:
+    """Character spans of the tool names written after each `choices.marker` in `text` (the longest name the
+    text goes on with, after spaces); a marker followed by no tool's name has none."""
+    spans = []
+    at = text.find(choices.marker)
+    while at >= 0:
+        start = at + len(choices.marker)
+        start += len(text[start:]) - len(text[start:].lstrip(" "))
+        names = [n for n in choices.names if text.startswith(n, start)]
+        if names:
+            spans.append((start, start + len(max(names, key=len))))
+        at = text.find(choices.marker, start)
+    return spans
+
+
+def name_token_positions(token_ids: Sequence[int], tokenizer: Any, choices: ActionChoices) -> list[int]:
+    """Indices into `token_ids` (one model turn) of the tokens that write a tool's name in an action slot: every
+    token whose text overlaps a name's span."""
+    ends = [len(tokenizer.decode(token_ids[: i + 1])) for i in range(len(token_ids))]
+    spans = name_spans(tokenizer.decode(token_ids), choices)
+    positions = []
+    for i, end in enumerate(ends):
+        start = ends[i - 1] if i else 0
+        if any(start < b and end > a for a, b in spans):
+            positions.append(i)
+    return positions
+
+
+def action_name_positions(trajectory: Trajectory, tokenizer: Any, choices: ActionChoices) -> Iterator[int]:
+    """Indices into `trajectory`'s completion of the tokens that write a tool's name in an action slot of a model
+    turn, in order (lazily: the first costs only the turns up to it)."""
+    position = 0
+    for segment in trajectory.completion_segments:
+        if segment.trainable:
+            for i in name_token_positions(segment.token_ids, tokenizer, choices):
+                yield position + i
+        position += len(segment.token_ids)
 
 
 def choice_tokens(tokenizer: Any, choices: ActionChoices | None) -> list[int]:

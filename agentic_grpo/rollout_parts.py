@@ -1,0 +1,68 @@
+"""What a rollout needs from a recipe, built once: `RolloutParts` (the environment class, the format, the
+budgets, the sandbox settings and the sub-agents), and the check of a recipe's environment class.
+
+`agentic_grpo.run_parts.build_rollout_parts` builds them from a recipe; training, evaluation, the benchmarks
+and the reward audit receive them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentic_grpo.environment import ToolEnvironment
+from agentic_grpo.formats import TrajectoryFormat
+from agentic_grpo.plugins import PluginError, import_object
+from agentic_grpo.rollout import RolloutLimits, RolloutManager
+
+
+def load_environment(path: str | type, allow_no_tools: bool = False) -> type[ToolEnvironment]:
+    """The environment class named by a recipe (or given), checked to be a `ToolEnvironment` with valid tool
+    schemas; one without tools only when `allow_no_tools` (an agent whose tools are sub-agents, or none)."""
+    cls = path if isinstance(path, type) else import_object(path, what="environment")
+    if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
+        raise PluginError(f"environment `{path}` is not a subclass of agentic_grpo.ToolEnvironment")
+    if not cls.tools() and not allow_no_tools:
+        raise PluginError(f"environment `{path}` has no tools: add public methods with type hints and docstrings")
+    cls.tool_schemas()  # raises, naming the tool, when a docstring or hint is missing
+    return cls
+
+
+@dataclass
+class RolloutParts:
+    """What a rollout needs from a recipe (see `build_rollout_parts`)."""
+
+    environment: type[ToolEnvironment]
+    environment_kwargs: dict[str, Any]
+    trajectory_format: TrajectoryFormat
+    limits: RolloutLimits
+    sandbox: Any = None
+    """The `SandboxConfig` of code-running environments (None when the environment runs no code)."""
+    environment_factory: Callable[[], ToolEnvironment] | None = field(default=None, repr=False)
+    """Overrides `environment(**environment_kwargs)`, for user code that builds environments itself."""
+    agents: list[Any] = field(default_factory=list)
+    """Sub-agents the policy can call as tools (recipe field `subagents`: `agentic_grpo.subagents.SubAgent`),
+    each with parts of its own."""
+
+    def make_environment(self) -> ToolEnvironment:
+        if self.environment_factory is not None:
+            return self.environment_factory()
+        return self.environment(**self.environment_kwargs)
+
+    def sandbox_pool(self, rank: int = 0) -> Any:
+        """A slot pool for this process (None when the environment runs no code)."""
+        if self.sandbox is None:
+            return None
+        from agentic_grpo.sandbox import SandboxPool
+
+        return SandboxPool(self.sandbox, rank=rank)
+
+    def rollout_manager(self, tokenizer: Any, sandbox_pool: Any = None) -> RolloutManager:
+        return RolloutManager(
+            self.make_environment, self.trajectory_format, tokenizer, self.limits, sandbox_pool, agents=self.agents
+        )
+
+    def all_agents(self) -> list[Any]:
+        """Every sub-agent of the tree below these parts: children before their own sub-agents."""
+        return [found for agent in self.agents for found in (agent, *agent.parts.all_agents())]
