@@ -120,6 +120,25 @@ def test_adapter_switch_puts_back_adapter_grads_and_mode_even_when_generation_fa
     assert {n: p.requires_grad for n, p in model.named_parameters()} == grads
 
 
+def test_a_subagent_call_inside_the_rollout_leaves_dropout_off_below_the_root(tiny_model_dir, adapters):
+    """The trainer samples with the root in train mode and every module below it in eval (`dropout_off`); a
+    sub-agent's generation must give back that state, not switch every module to train mode."""
+    from agentic_grpo.trainer import dropout_off
+
+    x_path, y_path = adapters
+    model = policy_with(tiny_model_dir, x_path)
+    attach_adapter(model, "y", y_path)
+    model.train()
+    with dropout_off(model):
+        with generating_as(model, "y"):
+            pass
+        with generating_as(model, "__base__"):
+            pass
+        assert model.training  # the root: TRL tells a training step from an evaluation by it
+        assert not any(m.training for m in list(model.modules())[1:])  # dropout stays off for the policy's turns
+    assert all(m.training for m in model.modules())
+
+
 def test_new_adapter_starts_as_the_base_model_and_is_frozen(tiny_model_dir, tokenizer, adapters):
     model = policy_with(tiny_model_dir, adapters[0])
     attach_adapter(model, "fresh", None)

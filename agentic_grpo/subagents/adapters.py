@@ -51,7 +51,10 @@ def generating_as(model: Any, adapter: str | None) -> Iterator[Any]:
 
     Hold `model_lock(model)` around it when other threads may generate on the same model.
     """
-    was_training = model.training
+    # Each module's own mode comes back, not one mode for all: during a rollout the trainer keeps the root in
+    # train mode with every module below it in eval (no dropout while sampling), and `model.train(True)` would
+    # switch dropout back on for every later turn of the policy.
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         if adapter is None or (adapter == BASE and not is_peft_model(model)):
@@ -68,7 +71,8 @@ def generating_as(model: Any, adapter: str | None) -> Iterator[Any]:
             with adapter_active(model, adapter):
                 yield model
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
 
 
 @contextlib.contextmanager
