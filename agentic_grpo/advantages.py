@@ -79,10 +79,13 @@ class TurnData:
 
 
 def outcome_reward(trajectory: Trajectory, weights: dict[str, float]) -> float:
-    """R_i = sum_f w_f r_f over the rewards that scored it (TRL's weighted nansum); NaN when none did."""
+    """R_i: the total TRL's advantage was computed from (`Trajectory.reward`: a missing reward counted as its
+    group's mean), else sum_f w_f r_f over the rewards that scored it; NaN when no reward scored it."""
     given = [(name, value) for name, value in trajectory.rewards.items() if value is not None]
     if not given:
         return math.nan
+    if trajectory.reward is not None:
+        return trajectory.reward
     return sum(weights.get(name, 1.0) * value for name, value in given)
 
 

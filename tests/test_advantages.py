@@ -11,6 +11,7 @@ import torch
 
 from agentic_grpo.advantages import (
     TurnData,
+    anchor_advantages,
     credit_metrics,
     discounted_returns,
     per_turn_advantages,
@@ -61,6 +62,19 @@ def test_anchor_estimator_compares_turns_taken_from_the_same_state():
     got = per_turn_advantages(group, 4, "anchor", lam=1.0, gamma=1.0)
     for row, want in zip(got, expected, strict=True):
         assert row == pytest.approx(want, abs=1e-12)
+
+
+def test_anchor_counts_a_failed_judge_call_as_its_groups_mean_as_trls_advantage_does():
+    """Four identical correct two-turn trajectories; the judge call of two failed (None). TRL's advantage fills
+    it with the group's mean, so all four are equal (advantage 0): the anchor term must not call them worse."""
+    trajectories = []
+    for judged in (None, None, 1.0, 1.0):
+        t = Trajectory(prompt="q", segments=[Segment("prompt", [1], "q")], turns=2, turn_states=["", "a"])
+        t.rewards = {"correctness": 1.0, "judge": judged}
+        t.reward = 2.0  # what `_calculate_rewards` records: the None filled with the group's mean (1.0)
+        trajectories.append(t)
+    group = [TurnData.of(t, 0.0, {"correctness": 1.0, "judge": 1.0}) for t in trajectories]
+    assert anchor_advantages(group) == [[0.0, 0.0]] * 4
 
 
 def test_outcome_estimator_is_trls_advantage_on_every_turn():
