@@ -11,8 +11,10 @@ reward k is missing for the whole group it stays missing: `nansum` makes the ter
 every member, a constant that the group baseline removes (advantage 0 from that term).
 A trajectory with no reward at all stays all-missing, for TRL's own rule (advantage 0).
 
-With `multi_objective_aggregation: normalize_then_sum` TRL already normalizes each reward
-within its group and a missing value lands on the group mean; the fill changes nothing there.
+With `multi_objective_aggregation: normalize_then_sum` TRL normalizes each reward within its
+group. A filled value sits on the group's mean, but it also counts in the group's std, which it
+lowers: the other members' normalized scores of that reward grow slightly (a missing value left
+out of the std would leave them as they are).
 """
 
 from __future__ import annotations
