@@ -249,6 +249,12 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             self._save_trajectories(inputs, outcome_advantages)
         return output
 
+    def generate_and_score(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """One generation of a training step, outside the training loop: `rows` (with a conversational `prompt`)
+        rolled out, scored and given advantages, as the batch the loss receives (for scripts, benchmarks and
+        tests; the policy's mode decides training or evaluation, as in TRL)."""
+        return self._generate_and_score_completions(rows)
+
     def _advantages(self, inputs: list[dict[str, Any]], rows: list[dict[str, Any]], output: dict[str, Any]) -> None:
         """The one advantage step, in this order: TRL's group advantage of each trajectory's outcome (already in
         `output["advantages"]`), then per-token credit per turn (recipe field `advantage`), then each co-trained

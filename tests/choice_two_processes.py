@@ -20,7 +20,7 @@ def main(model_dir: str, out: str) -> None:
 
     trainer = choice_trainer(model_dir, out, per_device=2, save_trajectories_steps=0)
     rank = trainer.accelerator.process_index
-    inputs = trainer._generate_and_score_completions(choice_rows()[2 * rank : 2 * rank + 2])
+    inputs = trainer.generate_and_score(choice_rows()[2 * rank : 2 * rank + 2])
     wrapped = trainer.accelerator.prepare_model(trainer.model)  # as the training loop wraps it: DDP
     loss = trainer.compute_loss(wrapped, inputs)
     loss.backward()  # DDP reduces the gradients of both processes: a process that skipped the term would hang here

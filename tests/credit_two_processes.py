@@ -22,7 +22,7 @@ def main(model_dir: str, out: str) -> None:
     # The answer the scripts give (1000) is right for three cases: outcome advantages are not 0, so a mix-up of
     # the processes' outcome advantages would show too.
     mine = rows(answer="1000", cases=CASES[2 * rank : 2 * rank + 2])
-    inputs = trainer._generate_and_score_completions(mine)
+    inputs = trainer.generate_and_score(mine)
     # The trajectories themselves stay inside the trainer's copies of the rows; their turn advantages are
     # read back from the per-token tensor and the env mask.
     masks = (inputs["tool_mask"] * inputs["completion_mask"]).tolist()

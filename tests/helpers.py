@@ -122,7 +122,7 @@ def build_trainer(
     """An `AgenticGRPOTrainer` on `rows`, its config `TRAINER_DEFAULTS` updated with `config`.
 
     `scripts`: a `ScriptedBackend` plays them instead of the model generating (`tests.scripted`).
-    `stepped_by_hand`: the test calls `_generate_and_score_completions` / `compute_loss` itself, around the
+    `stepped_by_hand`: the test calls `generate_and_score` / `compute_loss` itself, around the
     Trainer's loop, so the model is put in train mode and the accumulation count the loop would set is 1.
     """
     from datasets import Dataset

@@ -24,7 +24,7 @@ def test_the_term_is_the_expected_tools_probability_at_the_first_slot(
 
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False) if lora else None
     trainer = choice_trainer(tiny_model_dir, str(tmp_path), read_prompt_once=read_prompt_once, peft_config=peft_config)
-    inputs = trainer._generate_and_score_completions(choice_rows())
+    inputs = trainer.generate_and_score(choice_rows())
     tokenizer = trainer.processing_class
     slots = inputs["choice_slots"].tolist()
     assert slots[3] == -1  # no action, no slot
@@ -43,7 +43,7 @@ def test_the_term_is_the_expected_tools_probability_at_the_first_slot(
 
 def test_a_step_on_the_term_raises_the_expected_tools_where_another_was_chosen(tiny_model_dir, tmp_path):
     trainer = choice_trainer(tiny_model_dir, str(tmp_path))
-    inputs = trainer._generate_and_score_completions(choice_rows())
+    inputs = trainer.generate_and_score(choice_rows())
     assert torch.count_nonzero(inputs["advantages"]) == 0  # every answer is scored the same: TRL's loss is flat
     before = slot_probabilities(trainer, inputs).detach()
     trainer.compute_loss(trainer.model, inputs).backward()

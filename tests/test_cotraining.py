@@ -87,7 +87,7 @@ def test_each_roles_loss_only_reaches_its_own_adapter(tiny_model_dir, tmp_path):
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     rows = [dict(row) for row in trainer.train_dataset][:4]
-    inputs = trainer._generate_and_score_completions(rows)
+    inputs = trainer.generate_and_score(rows)
     samples = [s for row in inputs["role_samples"] for s in row]
     assert samples and any(s.advantage != 0 for s in samples)
 
@@ -110,7 +110,7 @@ def test_back_propagating_one_child_at_a_time_gives_the_summed_losss_gradients(t
                 p.normal_(0, 0.1)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2  # the scaling for accumulation must be kept as well
-    inputs = trainer._generate_and_score_completions([dict(row) for row in trainer.train_dataset][:4])
+    inputs = trainer.generate_and_score([dict(row) for row in trainer.train_dataset][:4])
     assert sum(len(row) for row in inputs["role_samples"]) > 1  # several children: the split is exercised
 
     def helper_grads() -> dict[str, torch.Tensor]:
@@ -154,7 +154,7 @@ def test_a_roles_own_rewards_add_to_the_shared_one(tiny_model_dir, tmp_path):
     scored = []  # the rows as the trainer scored them, each with its trajectory
     samples_for = trainer.cotraining.samples_for
     trainer.cotraining.samples_for = lambda inputs, mode: scored.extend(inputs) or samples_for(inputs, mode)
-    output = trainer._generate_and_score_completions([dict(row) for row in trainer.train_dataset][:4])
+    output = trainer.generate_and_score([dict(row) for row in trainer.train_dataset][:4])
     checked = 0
     for row, samples in zip(scored, output["role_samples"], strict=True):
         root = row["trajectory"]

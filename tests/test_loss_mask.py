@@ -36,7 +36,7 @@ def trainer_and_batch(tiny_model_dir, tmp_path):
 
 def test_tool_tokens_get_zero_gradient_and_model_tokens_do_not(trainer_and_batch):
     trainer, rows = trainer_and_batch
-    inputs = trainer._generate_and_score_completions(rows)
+    inputs = trainer.generate_and_score(rows)
     env_mask = inputs["tool_mask"] * inputs["completion_mask"]
     assert (inputs["tool_mask"] == 0).any(), "the batch must contain tool tokens"
     assert inputs["advantages"].abs().sum() > 0
@@ -66,7 +66,7 @@ def test_tool_tokens_get_zero_gradient_and_model_tokens_do_not(trainer_and_batch
 
 def test_env_mask_returned_to_trl_matches_trajectory_segments(trainer_and_batch):
     trainer, rows = trainer_and_batch
-    inputs = trainer._generate_and_score_completions(rows)
+    inputs = trainer.generate_and_score(rows)
     for row, trajectory in enumerate(SCORED):
         n = len(trajectory.completion_ids)
         assert inputs["completion_ids"][row, :n].tolist() == trajectory.completion_ids

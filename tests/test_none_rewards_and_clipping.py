@@ -42,7 +42,7 @@ def test_a_failed_judge_call_is_neutral_not_zero(tiny_model_dir, tmp_path):
         "d": ["Final Answer: 407<|im_end|>"],  # wrong
     }
     trainer, rows = make_trainer(tiny_model_dir, tmp_path, scripts, [correctness, judge], [1.0, 0.5])
-    advantages = trainer._generate_and_score_completions(rows)["advantages"].tolist()
+    advantages = trainer.generate_and_score(rows)["advantages"].tolist()
     # nansum would score a = 1.0 against b = c = 1.5: a right answer pushed below its group's mean.
     assert advantages[0] > 0
     assert advantages[0] == pytest.approx(advantages[1]) == pytest.approx(advantages[2])
@@ -57,8 +57,8 @@ def test_a_reward_missing_for_the_whole_group_adds_nothing(tiny_model_dir, tmp_p
     }
     with_judge, rows = make_trainer(tiny_model_dir, tmp_path / "1", scripts, [correctness, judge], [1.0, 0.5])
     alone, _ = make_trainer(tiny_model_dir, tmp_path / "2", scripts, [correctness], [1.0])
-    assert with_judge._generate_and_score_completions(rows)["advantages"].tolist() == pytest.approx(
-        alone._generate_and_score_completions(rows)["advantages"].tolist()
+    assert with_judge.generate_and_score(rows)["advantages"].tolist() == pytest.approx(
+        alone.generate_and_score(rows)["advantages"].tolist()
     )
 
 
@@ -89,7 +89,7 @@ def recording(prompts, completions, trajectory, **_):
 
 def test_clipped_ratio_counts_only_trajectories_a_budget_cut(tiny_model_dir, tmp_path):
     trainer, rows = make_trainer(tiny_model_dir, tmp_path, TRUNCATION_SCRIPTS, [correctness, recording], [1.0, 0.0])
-    trainer._generate_and_score_completions(rows)
+    trainer.generate_and_score(rows)
     assert [t.finish_reason for t in SEEN] == ["final_answer", "final_answer", "max_turns", "length"]
     assert trainer._metrics["train"]["completions/clipped_ratio"][-1] == 0.25  # TRL's last-token test says 0.75
 
@@ -98,7 +98,7 @@ def test_mask_truncated_completions_masks_exactly_the_cut_trajectories(tiny_mode
     trainer, rows = make_trainer(
         tiny_model_dir, tmp_path, TRUNCATION_SCRIPTS, [correctness], [1.0], mask_truncated_completions=True
     )
-    inputs = trainer._generate_and_score_completions(rows)
+    inputs = trainer.generate_and_score(rows)
     trained = (inputs["tool_mask"] * inputs["completion_mask"]).sum(dim=1).tolist()
     assert trained[3] == 0  # cut: masked out of the loss
     assert all(n > 0 for n in trained[:3])  # ended on EOS, on a stop string, or out of turns: trained on

@@ -98,7 +98,7 @@ def test_trainer_loss_and_gradients_match_with_and_without_read_prompt_once(tiny
         per_device_train_batch_size=8, max_completion_length=48, max_tokens_per_turn=16, max_turns=2, beta=0.04,
         save_trajectories_steps=0,
     )  # fmt: skip
-    inputs = trainer._generate_and_score_completions(rows)
+    inputs = trainer.generate_and_score(rows)
     assert inputs["advantages"].abs().sum() > 0
 
     def loss_and_grads():

@@ -38,7 +38,7 @@ def test_child_tokens_reach_the_parent_only_as_tool_tokens_with_zero_loss_mask(t
         tiny_model_dir, tmp_path, [exact], rows, scripts=SCRIPTS, environment="agentic_grpo.tools.calculator:Calculator",
         subagents=[helper], max_completion_length=200, max_tokens_per_turn=80, beta=0.04, save_trajectories_steps=0,
     )  # fmt: skip
-    inputs = trainer._generate_and_score_completions(rows)
+    inputs = trainer.generate_and_score(rows)
 
     assert [len(t.children) for t in SCORED] == [1, 0, 2, 1]
     answers = []  # positions of the children's answers in the parent's completion

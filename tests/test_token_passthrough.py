@@ -30,7 +30,7 @@ def test_model_segments_are_exactly_the_sampled_ids(tiny_model_dir, tmp_path):
     model.generate = recording_generate
     trainer.generation_backend = TrainerBackend(trainer)
     trainer.model.train()
-    inputs = trainer._generate_and_score_completions(rows)
+    inputs = trainer.generate_and_score(rows)
 
     # Every model segment is a prefix of what `generate` returned for that row in that turn.
     sampled = [[row[width:] for row in output] for width, output in raw_outputs]

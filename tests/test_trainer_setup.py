@@ -71,7 +71,7 @@ def test_rollouts_sample_and_score_with_dropout_off_and_training_resumes_in_trai
 
     trainer._get_per_token_logps_and_entropies = recording_score
     trainer.model.train()
-    output = trainer._generate_and_score_completions(rows * 2)
+    output = trainer.generate_and_score(rows * 2)
     assert trainer.generation_backend.training_at_generate and not any(trainer.generation_backend.training_at_generate)
     assert output.get("old_per_token_logps") is not None and scoring_in_train_mode == [False]
     assert all(m.training for m in trainer.model.modules())
@@ -105,7 +105,7 @@ def test_on_reward_error_none_holds_for_a_trainer_built_directly(tiny_model_dir,
                                  args=config(tmp_path, on_reward_error="none"), train_dataset=Dataset.from_list(rows))  # fmt: skip
     trainer.generation_backend = ScriptedBackend(trainer.processing_class, SCRIPTS)
     trajectories = keep_trajectories(trainer)
-    trainer._generate_and_score_completions(rows * 2)
+    trainer.generate_and_score(rows * 2)
     assert [t.rewards["broken"] for t in trajectories] == [None] * 4
     assert sorted(t.rewards["exact"] for t in trajectories) == [0.0, 0.0, 1.0, 1.0]
 
@@ -138,7 +138,7 @@ def test_sampling_logprobs_reach_trl_aligned_with_the_completion_and_zero_on_too
     trainer, rows = trainer
     trainer.generation_backend = LogprobBackend(trainer.processing_class, SCRIPTS)
     trajectories = keep_trajectories(trainer)
-    output = trainer._generate_and_score_completions(rows * 2)
+    output = trainer.generate_and_score(rows * 2)
     sampled = output["sampling_per_token_logps"]  # TRL's padded (B, T) tensor, built from our `logprobs`
     assert any(s.role == "tool" for t in trajectories for s in t.segments)  # the code case ran its tool
     for row, trajectory in enumerate(trajectories):
@@ -152,7 +152,7 @@ def test_sampling_logprobs_reach_trl_aligned_with_the_completion_and_zero_on_too
 def test_importance_sampling_without_sampling_logprobs_stops_with_a_clear_error(trainer):
     trainer, rows = trainer
     trajectories = keep_trajectories(trainer)
-    trainer._generate_and_score_completions(rows * 2)  # HF generate: no sampling log-probs, TRL recomputes
+    trainer.generate_and_score(rows * 2)  # HF generate: no sampling log-probs, TRL recomputes
     assert trainer._sampling_logprobs(trajectories) is None
     # vLLM cannot run on this CPU machine, so the two flags the vLLM path would set are set by hand.
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
@@ -212,7 +212,7 @@ def test_vllm_with_trls_default_importance_sampling_runs_on_the_sampling_logprob
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
     trainer._last_loaded_step = trainer.state.global_step
     trainer.model.train()  # a training step's generation
-    output = trainer._generate_and_score_completions(rows * 2)
+    output = trainer.generate_and_score(rows * 2)
     ratio = output["importance_sampling_ratio"]
     assert ratio.shape[0] == output["completion_ids"].shape[0] and bool(ratio.isfinite().all())
     assert trainer._metrics["train"]["sampling/sampling_logp_difference/mean"]

@@ -59,7 +59,7 @@ def turn_trainer(tiny_model_dir, tmp_path):
 def test_every_token_gets_its_turns_formula_value_and_the_loss_trains_on_it(turn_trainer):
     trainer = turn_trainer
     batch = rows()  # every answer is wrong: outcome-only GRPO has nothing to learn from this group
-    inputs = trainer._generate_and_score_completions(batch)
+    inputs = trainer.generate_and_score(batch)
     advantages = inputs["advantages"]
     assert advantages.shape == inputs["completion_ids"].shape
     for row, case in enumerate(CASES):
@@ -111,7 +111,7 @@ def expected_tokens(trainer, row: int, case: str, inputs) -> torch.Tensor:
 
 
 def test_trajectory_files_hold_turn_rewards_and_turn_advantages(turn_trainer, tmp_path):
-    turn_trainer._generate_and_score_completions(rows())
+    turn_trainer.generate_and_score(rows())
     records = [json.loads(line) for line in (tmp_path / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
     both = records[0]
     assert both["turn_rewards"] == [0.5, 0.5, 0.0] and both["advantage"] == 0.0
@@ -120,7 +120,7 @@ def test_trajectory_files_hold_turn_rewards_and_turn_advantages(turn_trainer, tm
 
 def test_outcome_default_keeps_trls_per_sequence_advantages(tiny_model_dir, tmp_path):
     trainer = build_trainer(tiny_model_dir, str(tmp_path), "outcome")
-    inputs = trainer._generate_and_score_completions(rows(answer="1000"))  # three right, `direct` wrong
+    inputs = trainer.generate_and_score(rows(answer="1000"))  # three right, `direct` wrong
     rewards = torch.tensor([1.0, 1.0, 1.0, 0.0])
     assert inputs["advantages"].dim() == 1
     assert torch.equal(inputs["advantages"], (rewards - rewards.mean()) / (rewards.std() + 1e-4))
@@ -153,6 +153,6 @@ def test_show_prints_each_turns_reward_and_advantage(turn_trainer, tmp_path, cap
     from agentic_grpo.cli import main
 
     monkeypatch.setenv("COLUMNS", "200")
-    turn_trainer._generate_and_score_completions(rows())
+    turn_trainer.generate_and_score(rows())
     assert main(["show", str(tmp_path), "--index", "0"]) == 0
     assert "turns  1: r=0.5 A=0.6667  2: r=0.5 A=0.5  3: r=0.0 A=0.0" in capsys.readouterr().out
