@@ -17,8 +17,9 @@ turn:
 anchor (GiGPO-style, state-grouped; works with outcome rewards alone):
     U_{i,k} = G_{i,k} + gamma^(K_i-1-k) R_i                  return with the outcome paid at the last turn
     S_{i,k} = {(i',k') : i' != i in the group, s_{i',k'} = s_{i,k} != None, R_{i'} scored}
-    A_{i,k} = A_i + lambda * (U_{i,k} - mean_{(i',k') in S_{i,k}} U_{i',k'})   (term 0 when S_{i,k} is empty
-                                                                               or R_i was not scored)
+    A_{i,k} = A_i + lambda * (U_{i,k} - mean_{(i',k') in S_{i,k}} U_{i',k'})   (the mean is 0 when S_{i,k} is
+                                                                               empty; term 0 when R_i was not
+                                                                               scored)
 
 Why the baselines look like that. The turn-k baseline of trajectory i is built from the *other*
 trajectories only (leave-one-out), so it is independent of everything trajectory i did from turn
@@ -28,8 +29,10 @@ trajectory i itself, or a per-turn-index std, depends on G_{i,k} and so biases e
 another turn" decision (tests/test_advantages.py measures both by exact enumeration). GiGPO
 uses the plain mean (and optionally the std) of its step groups; here the same leave-one-out
 rule holds for anchors, and all turns of trajectory i itself are left out of its own anchor set.
-An anchor state no other member visited gives the turn no step term (GiGPO's choice: nothing to
-compare with), which, unlike the `turn` estimator's zero baseline, trades a little bias for variance.
+An anchor state no other member visited gets a baseline of 0, as the `turn` estimator's turns that
+no one else reached. GiGPO drops the step term there (nothing to compare with); that is biased, and
+not by a little: on the stop/go problem of tests/test_advantages.py its expected gradient is about
+three times the true one, against exactly the true one with the zero baseline.
 
 Token-level: each model token of turn k gets A_{i,k}; tool-output tokens get 0 and stay masked
 by TRL's `tool_mask` anyway.
@@ -148,7 +151,9 @@ def anchor_advantages(group: Sequence[TurnData], lam: float = 1.0, gamma: float 
                 members = by_state[states[k]]
                 total = sum(s for j, (s, _) in members.items() if j != i)
                 count = sum(c for j, (_, c) in members.items() if j != i)
-                term = returns[i][k] - total / count if count else 0.0
+                # No other member took a turn from this state: a baseline of 0, as the `turn` estimator's, which
+                # keeps the estimate unbiased (dropping the term instead would bias every decision to go on).
+                term = returns[i][k] - total / count if count else returns[i][k]
             row.append(d.advantage + lam * term)
         advantages.append(row)
     return advantages

@@ -86,7 +86,7 @@ def prepare(argv: list[str]) -> PreparedRun:
         ) from exc
     config, model_config, parts, rewards = built.config, built.model_config, built.rollout_parts, built.rewards
     set_seed(config.seed)
-    check_trainer_setup(config, rewards)
+    check_trainer_setup(config, rewards, parts.all_agents())
     slot = getattr(parts.trajectory_format, "action_choices", None)
     if config.use_vllm and slot:
         raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code

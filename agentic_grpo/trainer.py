@@ -26,7 +26,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -89,8 +89,17 @@ PRIVATE_SEAMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable]) -> None:
-    """Refuse set-ups that would train on wrong numbers, whoever builds the trainer (CLI or user code)."""
+def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable], agents: Sequence[Any] = ()) -> None:
+    """Refuse set-ups that would train on wrong numbers or crash, whoever builds the trainer (CLI or user code);
+    `agents`: the recipe's sub-agents, the whole tree."""
+    trained = [agent.name for agent in agents if getattr(agent, "train", False)]
+    if trained and args.world_size > 1:
+        # Each role's forward and the policy's go through one DDP-wrapped model before one backward, and DDP
+        # marks the shared LoRA parameters ready twice: the first backward fails.
+        raise ValueError(
+            f"co-trained sub-agents ({trained}, `train: true`) train in one process only, and this launch has "
+            f"{args.world_size}: launch one process, or freeze the sub-agents (drop `train: true`)"
+        )
     sharded_vllm = args.use_vllm and (args.vllm_mode == "server" or args.vllm_tensor_parallel_size > 1)
     if sharded_vllm and args.world_size > 1:
         # TRL gathers every process's prompts for each generate call and hands each process the slice at
@@ -169,9 +178,9 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         generation_backend: GenerationBackend | None = None,
         **kwargs: Any,
     ) -> None:
-        check_trainer_setup(args, reward_funcs)
-        reward_funcs = guard_rewards(reward_funcs, args.on_reward_error)
         parts = rollout_parts or build_rollout_parts(args)
+        check_trainer_setup(args, reward_funcs, parts.all_agents())
+        reward_funcs = guard_rewards(reward_funcs, args.on_reward_error)
         if args.advantage == "anchor" and parts.environment.state_hash is ToolEnvironment.state_hash:
             raise ValueError(
                 f"`advantage: anchor` groups turns by the environment's state, but `{parts.environment.__name__}` "
@@ -360,7 +369,10 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         weights = self.reward_weights.to(rewards.device)
         first = self.accelerator.process_index * len(inputs)  # `rewards` holds every process's rows
         local = slice(first, first + len(inputs))
-        trained = (filled[local] * weights).nansum(dim=1).tolist()
+        totals = (filled[local] * weights).nansum(dim=1)
+        # A row no reward could score (all missing, even after the fill) has no reward: not a made-up 0.
+        trained = [None if unscorable else total for total, unscorable in
+                   zip(totals.tolist(), filled[local].isnan().all(dim=1).tolist(), strict=True)]  # fmt: skip
         for row, scores, reward in zip(inputs, rewards[local].tolist(), trained, strict=True):
             trajectory = row["trajectory"]
             trajectory.rewards = {  # as the rewards gave them: None stays None in the trajectory files

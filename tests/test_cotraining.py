@@ -170,7 +170,9 @@ def test_a_roles_own_rewards_add_to_the_shared_one(tiny_model_dir, tmp_path):
     [({"adapter": None}, "`train: true` trains a LoRA adapter"), ({"adapter": "__base__"}, "not `__base__`"),
      ({"train": False, "learning_rate": 1e-3}, "`learning_rate` is for a trained sub-agent"),
      ({"train": False, "rewards": [{"type": "tests.varied_rewards:distinct_characters"}]}, "`rewards` is for a"),
-     ({"rewards": [{"type": "agentic_grpo.rewards.rules:Correctness"}]}, "needs.*answer")],
+     ({"rewards": [{"type": "agentic_grpo.rewards.rules:Correctness"}]}, "needs.*answer"),
+     ({"temperature": 0.3}, "sampled and trained at the run's `temperature`"),
+     ({"temperature": 0.0}, "sampled and trained at the run's `temperature`")],
 )  # fmt: skip
 def test_a_trained_subagent_needs_an_adapter_of_its_own(tiny_model_dir, tmp_path, entry, message):
     with pytest.raises(PluginError, match=message):

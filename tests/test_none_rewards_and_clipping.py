@@ -62,6 +62,22 @@ def test_a_reward_missing_for_the_whole_group_adds_nothing(tiny_model_dir, tmp_p
     )
 
 
+def test_an_unscorable_trajectory_has_no_reward_and_no_advantage(tiny_model_dir, tmp_path):
+    def scorer(prompts, completions, trajectory, answer, **_):  # no score at all for the `*-nojudge` case
+        return [None if "nojudge" in str(t.prompt) else float(t.final_answer == a) for t, a in zip(trajectory, answer)]
+
+    scripts = {c: [f"Final Answer: {a}<|im_end|>"] for c, a in (("a-nojudge", 408), ("b", 408), ("c", 407), ("d", 408))}
+    trainer, rows = make_trainer(tiny_model_dir, tmp_path, scripts, [scorer, judge], [1.0, 0.5],
+                                 save_trajectories_steps=1)  # fmt: skip
+    advantages = trainer.generate_and_score(rows)["advantages"].tolist()
+    assert advantages[0] == 0.0 and advantages[2] < 0 < advantages[1]
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
+    assert "reward" not in records[0]  # None, not a made-up 0
+    assert [r["reward"] for r in records[1:]] == [1.5, 0.5, 1.5]
+
+
 def test_group_mean_fill_leaves_unscorable_rows_and_all_missing_groups():
     nan = float("nan")
     rewards = torch.tensor([[1.0, nan], [1.0, 1.0], [0.0, 0.0], [nan, nan], [1.0, nan], [0.0, nan]])

@@ -174,6 +174,16 @@ def test_vllm_sharded_over_processes_is_refused():
     check_trainer_setup(SimpleNamespace(**{**layout, "world_size": 1}), [exact])
 
 
+def test_co_training_with_several_processes_is_refused():
+    layout = SimpleNamespace(per_device_train_batch_size=8, steps_per_generation=1, num_generations=4, world_size=2,
+                             use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1)  # fmt: skip
+    trained, frozen = SimpleNamespace(name="helper", train=True), SimpleNamespace(name="other", train=False)
+    with pytest.raises(ValueError, match=r"co-trained sub-agents \(\['helper'\].*this launch has 2"):
+        check_trainer_setup(layout, [exact], [frozen, trained])
+    check_trainer_setup(layout, [exact], [frozen])  # frozen sub-agents run in any number of processes
+    check_trainer_setup(SimpleNamespace(**{**vars(layout), "world_size": 1}), [exact], [trained])
+
+
 class GroupJudge:
     """Stands for any reward that scores a query's samples together (LLMJudge in group mode)."""
 

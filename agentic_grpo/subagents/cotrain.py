@@ -109,12 +109,15 @@ def collect_samples(trajectories: list[Any], roles: list[Role], mask_truncated: 
     children: dict[str, list[tuple[ChildSample, Any]]] = defaultdict(list)
     for root in trajectories:
         mine = []
+        if root.reward is None:  # no reward scored the root: its children have no outcome to learn from
+            samples.append(mine)
+            continue
         for child in descendants(root):
             role = by_adapter.get(child.delegation.adapter if child.delegation else None)
             mask = masked_loss_mask(child, mask_truncated)
             if role is None or not any(mask):
                 continue
-            sample = ChildSample(role.name, child.prompt_ids, child.completion_ids, mask, float(root.reward or 0.0))
+            sample = ChildSample(role.name, child.prompt_ids, child.completion_ids, mask, float(root.reward))
             mine.append(sample)
             children[role.name].append((sample, child))
         samples.append(mine)

@@ -161,6 +161,15 @@ def build_subagent(spec: SubAgentConfig, parent: Any, build_parts: Callable[...,
             f"{where}: `train: true` trains a LoRA adapter on the policy's base model: give it `adapter: NAME` "
             "(not `__base__`), with neither `model` nor `endpoint`"
         )
+    run_temperature = getattr(parent, "temperature", None)
+    if spec.train and spec.temperature is not None and spec.temperature != run_temperature:
+        # Its role loss scores the sampled tokens at the run's temperature (TRL's log-probs): sampled at another,
+        # the old log-probs would not be the sampler's, and the PPO ratio, starting at 1, would not show it.
+        raise PluginError(
+            f"{where}: a trained sub-agent is sampled and trained at the run's `temperature` ({run_temperature}); "
+            f"its own `temperature: {spec.temperature}` would train it on log-probs of another distribution: leave "
+            "it unset"
+        )
     for key in ("learning_rate", "rewards"):
         if getattr(spec, key) is not None and not spec.train:
             raise PluginError(f"{where}: `{key}` is for a trained sub-agent: add `train: true`, or drop it")
