@@ -64,9 +64,14 @@ def test_a_reward_missing_for_the_whole_group_adds_nothing(tiny_model_dir, tmp_p
 
 def test_an_unscorable_trajectory_has_no_reward_and_no_advantage(tiny_model_dir, tmp_path):
     def scorer(prompts, completions, trajectory, answer, **_):  # no score at all for the `*-nojudge` case
-        return [None if "nojudge" in str(t.prompt) else float(t.final_answer == a) for t, a in zip(trajectory, answer)]
+        return [
+            None if "nojudge" in str(t.prompt) else float(t.final_answer == a)
+            for t, a in zip(trajectory, answer, strict=True)
+        ]
 
-    scripts = {c: [f"Final Answer: {a}<|im_end|>"] for c, a in (("a-nojudge", 408), ("b", 408), ("c", 407), ("d", 408))}
+    scripts = {
+        c: [f"Final Answer: {a}<|im_end|>"] for c, a in (("a-nojudge", 408), ("b", 408), ("c", 407), ("d", 408))
+    }
     trainer, rows = make_trainer(tiny_model_dir, tmp_path, scripts, [scorer, judge], [1.0, 0.5],
                                  save_trajectories_steps=1)  # fmt: skip
     advantages = trainer.generate_and_score(rows)["advantages"].tolist()
