@@ -146,6 +146,27 @@ def dropout_off(model: torch.nn.Module) -> Any:
             module.training = training
 
 
+class MessagesOfRow(list):
+    """A conversational prompt that carries its dataset row (`with_row`)."""
+
+    row: dict[str, Any]
+
+
+class TextOfRow(str):
+    """A plain-text prompt that carries its dataset row (`with_row`)."""
+
+    row: dict[str, Any]
+
+
+def with_row(prompt: list | str, row: dict[str, Any]) -> MessagesOfRow | TextOfRow:
+    """`prompt` carrying its dataset row's other columns as `.row`: TRL hands `rollout_func` the prompts alone,
+    and the environments and rewards need the row. It survives TRL's deep copy and is an ordinary list of
+    messages (or string) everywhere else."""
+    carrier = TextOfRow(prompt) if isinstance(prompt, str) else MessagesOfRow(prompt)
+    carrier.row = row
+    return carrier
+
+
 def nan_if_none(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -220,7 +241,6 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             self.cotraining = CoTraining.for_trainer(self, parts.all_agents())
         # One backend for the trainer's life: HF `generate` on the policy, or TRL's vLLM engine.
         self.generation_backend = generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
-        self._batch_rows: list[dict[str, Any]] | None = None  # bound only while one batch is generated
         self._last_trajectory_step: int | None = None  # the step whose trajectory file was written last
         self.add_callback(RunFilesCallback(self))
         schedule = schedule_for(args)
@@ -234,11 +254,13 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         TRL merges each row's `trajectory` into it, and `_calculate_rewards` writes the scores onto that."""
         inputs = [dict(row) for row in inputs]  # TRL writes each row's trajectory into it: one dict per row
         rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
+        for row, columns in zip(inputs, rows, strict=True):  # TRL hands `rollout_func` the prompts alone
+            row["prompt"] = with_row(row["prompt"], columns)
         try:
             # Sample and score with dropout off: TRL leaves the policy in train mode here, and LoRA or attention
             # dropout would otherwise draw random masks for the sampled tokens and for the old and reference
             # log-probs computed from them. The loss itself runs later, in the mode the Trainer sets.
-            with self._rows_of(rows), dropout_off(self.model):
+            with dropout_off(self.model):
                 output = super()._generate_and_score_completions(inputs)
         except Exception as exc:
             # A reward that raises ends the run; the step's trajectories are what its author needs to debug it.
@@ -308,19 +330,11 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             elif metrics.get(name):
                 metrics[name][-1] = value
 
-    @contextlib.contextmanager
-    def _rows_of(self, rows: list[dict[str, Any]]) -> Any:
-        """Hand this batch's rows to `_rollout`, which TRL calls with the prompts alone, for this call only."""
-        self._batch_rows = rows
-        try:
-            yield
-        finally:
-            self._batch_rows = None
-
     def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
-        rows = self._batch_rows
-        if rows is None or len(rows) != len(prompts):
-            raise RuntimeError("rollout called outside `_generate_and_score_completions`, or with other prompts")
+        rows = [getattr(prompt, "row", None) for prompt in prompts]
+        if any(row is None for row in rows):
+            raise RuntimeError("rollout_func got prompts without their dataset rows: roll out through the trainer "
+                               "(`train()`, `generate_and_score`)")  # fmt: skip
         first_actions = None
         if self.experiments.spread_first_action and self.model.training:
             continuations = self.trajectory_format.action_choices.continuations
