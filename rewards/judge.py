@@ -154,6 +154,9 @@ class LLMJudge:
         self.totals = dict.fromkeys(METRICS, 0)  # since construction; the per-step numbers go to log_metric
         self.totals.update(judged=0, scored=0, steps=0, low_steps=0)
         self._warned_failure = False
+        self._first_error: str | None = None  # the first failed call's error, for the end-of-run summary
+        self._score_range: tuple[float, float] | None = None  # the lowest and highest score given, ditto
+        self.endpoint, self.model = endpoint, model
 
         self.backend: JudgeBackend
         if backend == "openai":
@@ -261,6 +264,7 @@ class LLMJudge:
                 self._note(trajectory, members, reply.text if reply.text is not None else f"(failed: {reply.error})")
             if reply.text is None:
                 step["failures"] += 1
+                self._first_error = self._first_error or str(reply.error)
                 self._warn_failure_once(reply.error)
                 continue
             answered += sum(len(members) for members in pending[text])
@@ -282,6 +286,10 @@ class LLMJudge:
         for key, value in step.items():
             self.totals[key] += value
         scored = sum(s is not None for s in scores)
+        given = [s for s in scores if s is not None]
+        if given:
+            low, high = self._score_range or (min(given), max(given))
+            self._score_range = (min(low, *given), max(high, *given))
         self._count_scored(n, scored, answered)
         if log_metric is not None:
             for key, value in step.items():
@@ -300,12 +308,25 @@ class LLMJudge:
             f"judge `{self.__name__}`: scored {scored} of {judged} trajectories ({scored / judged:.0%}); "
             f"{self.totals['failures']} failed calls, {self.totals['parse_failures']} replies without a score"
         )
-        if scored / judged < self.min_scored_fraction:
+        calls, failures = self.totals["calls"], self.totals["failures"]
+        if calls and failures >= calls / 2:  # the endpoint, not the model's replies, is what failed
+            line += (
+                f". WARNING: {failures} of {calls} judge calls failed (first: {self._first_error}): check that "
+                f"{self.endpoint or 'the judge'} is up and serves model `{self.model}`; those trajectories got no "
+                "judge reward"
+            )
+        elif scored / judged < self.min_scored_fraction:
             line += (
                 f". WARNING: below min_scored_fraction {self.min_scored_fraction:.0%} ({self.totals['low_steps']} "
                 f"of {self.totals['steps']} steps had answers without a score): the raw replies are in the trajectory files "
                 f"(`notes.{self.__name__}_reply`); use a judge model that follows the rubric's score format, "
                 "or a server that accepts a JSON schema (structured_output)"
+            )
+        elif scored > 1 and self._score_range is not None and self._score_range[0] == self._score_range[1]:
+            line += (
+                f". WARNING: every scored trajectory got the same score ({self._score_range[0]:g}), so the judge "
+                f"told none apart and added no signal: read its replies (`notes.{self.__name__}_reply`; a copied "
+                "example score is a common cause) and try another judge model or rubric"
             )
         return line
 

@@ -87,7 +87,28 @@ def test_a_judge_that_scores_too_little_warns_in_the_log_and_the_run_summary(pro
 
 
 def test_a_judge_that_scores_enough_reports_without_warning(proxy, tmp_path):
+    proxy.script("Q-1", [("reply", '{"score": 3}')])  # two different scores: the judge tells them apart
     judge = judge_for(proxy)
     run(judge, reward_inputs(["Q-1", "Q-2"]))
     line = judge.run_summary()
     assert line.startswith("judge `judge`: scored 2 of 2 trajectories (100%)") and "WARNING" not in line
+
+
+def test_a_judge_that_gives_every_trajectory_the_same_score_is_called_out(proxy):
+    judge = judge_for(proxy)  # the proxy's default reply: a score of 5 for everything
+    run(judge, reward_inputs(["Q-1", "Q-2", "Q-3"]))
+    line = judge.run_summary()
+    assert "scored 3 of 3 trajectories (100%)" in line
+    assert "WARNING: every scored trajectory got the same score (0.5)" in line
+
+
+def test_a_judge_endpoint_that_is_down_is_named_as_the_cause_not_the_model(tmp_path):
+    from tests.judge_fixtures import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    judge = LLMJudge(endpoint=url, model="judge", timeout_s=1.0, max_retries=0, backoff_s=0.01, check_endpoint=False)
+    scores, metrics = run(judge, reward_inputs(["Q-1", "Q-2"]))
+    assert scores == [None, None] and metrics["judge/failures"] == 2
+    text = summary(Path(tmp_path), [judge])
+    assert "WARNING: 2 of 2 judge calls failed (first: " in text and f"check that {url} is up" in text
+    assert "follows the rubric" not in text  # the model's format is not what went wrong
