@@ -145,7 +145,7 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from datasets import load_dataset
 
-    from agentic_grpo.data import check_columns
+    from agentic_grpo.data import check_columns, check_json_files, reasons
     from agentic_grpo.evaluate import EvaluationError, correctness_reward_name, evaluate, load_policy_for, write_report
     from agentic_grpo.reward_setup import check_reward_columns
     from agentic_grpo.run_parts import build_recipe
@@ -163,7 +163,11 @@ def _eval(args: argparse.Namespace) -> int:
         elif args.data:
             if not Path(args.data).is_file():
                 raise ValueError(f"--data file `{args.data}` does not exist")
-            rows = load_dataset("json", data_files=args.data, split="train")
+            check_json_files(args.data, "--data")
+            try:
+                rows = load_dataset("json", data_files=args.data, split="train")
+            except Exception as exc:  # noqa: BLE001 - one line naming the file beats a datasets traceback
+                raise ValueError(f"--data file `{args.data}` cannot be loaded: {reasons(exc)}") from exc
         else:
             rows = built.train if args.split == "train" else built.test
             if rows is None:

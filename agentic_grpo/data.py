@@ -7,6 +7,8 @@ what the run needs.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from datasets import Dataset, DatasetDict, load_dataset
@@ -45,10 +47,12 @@ def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset 
     test_split = spec.pop("test_split", None)
     split = spec.pop("split", "train")
     check_load_dataset_options(spec)
+    if spec.get("path") == "json":
+        check_json_files(spec.get("data_files"), "recipe `dataset`")
     try:
         loaded = load_dataset(**spec)
     except Exception as exc:  # noqa: BLE001 - one message naming the spec beats a datasets traceback
-        raise ValueError(f"recipe `dataset` {spec} cannot be loaded: {exc}") from exc
+        raise ValueError(f"recipe `dataset` {spec} cannot be loaded: {reasons(exc)}") from exc
     if isinstance(loaded, DatasetDict):
         test = loaded.get("test")
         loaded = loaded[split]
@@ -58,6 +62,44 @@ def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset 
         parts = loaded.train_test_split(test_size=test_split, seed=0)
         loaded, test = parts["train"], parts["test"]
     return loaded, test
+
+
+def reasons(exc: BaseException) -> str:
+    """What went wrong, down the exception's chain of causes (`datasets` wraps the parse error that says where)."""
+    found, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        found.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        exc = exc.__cause__ or exc.__context__
+    return "; caused by ".join(found)
+
+
+def check_json_files(data_files: Any, where: str) -> None:
+    """Each local JSON-lines file among `data_files` (a path, a list, or a {split: path(s)} mapping), read before
+    `datasets` reads it: an empty file, or a line that is not a JSON object, is named with its line number."""
+    if isinstance(data_files, dict):
+        paths = [p for value in data_files.values() for p in ([value] if isinstance(value, str) else value)]
+    else:
+        paths = [data_files] if isinstance(data_files, str) else list(data_files or [])
+    for path in map(Path, paths):
+        if not path.is_file() or path.suffix not in (".jsonl", ".json"):
+            continue  # a pattern, a remote file or another format: `datasets` says what is wrong with those
+        text = path.read_text(errors="replace")
+        if not text.strip():
+            raise ValueError(f"{where}: data file `{path}` is empty: it needs one JSON object per line")
+        if path.suffix == ".json" and text.lstrip()[:1] != "{":
+            continue  # a JSON document (a list of rows), which `datasets` reads whole
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: data file `{path}` line {number} is not JSON ({exc.msg}, column "
+                                 f"{exc.colno}): one JSON object per line") from exc  # fmt: skip
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: data file `{path}` line {number} is a JSON {type(row).__name__}, not an "
+                                 "object of columns")  # fmt: skip
 
 
 def check_load_dataset_options(spec: dict[str, Any]) -> None:

@@ -232,3 +232,26 @@ def test_misspelled_dataset_option_is_named_with_a_suggestion(tmp_path):
     files = {"path": "json", "data_file": str(tmp_path / "rows.jsonl")}
     result = train("--config", str(write_recipe(tmp_path, dataset=files)), timeout=120)
     assert result.returncode == 2 and "did you mean `data_files`?" in result.stderr
+
+
+def test_an_empty_or_malformed_data_file_is_named_with_its_line(tmp_path):
+    from agentic_grpo.data import load_task_data
+
+    empty, broken = tmp_path / "empty.jsonl", tmp_path / "broken.jsonl"
+    empty.write_text("\n")
+    broken.write_text('{"question": "a", "answer": "1"}\n\n{"question": "b", "answer": 2,}\n')
+    with pytest.raises(ValueError, match=r"data file `.*empty.jsonl` is empty: it needs one JSON object per line"):
+        load_task_data({"path": "json", "data_files": str(empty)})
+    with pytest.raises(ValueError, match=r"`.*broken.jsonl` line 3 is not JSON \(.*column 31\)"):
+        load_task_data({"path": "json", "data_files": {"train": [str(broken)]}})
+
+
+@pytest.mark.parametrize(
+    ("content", "message"), [("", "is empty"), ('{"question": "a"}\n[1, 2]\n', "line 2 is a JSON")]
+)
+def test_eval_names_what_is_wrong_with_its_data_file_in_one_line(tmp_path, capsys, content, message):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(content)
+    code = cli_main(["eval", "--model", "tiny-random-llama", "--recipe", "ci_tiny", "--data", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
