@@ -283,6 +283,9 @@ def recipe_parser(prog: str | None = None, for_help: bool = False) -> TrlParser:
     recipe = parser.add_argument_group("Recipe")
     recipe.add_argument("--config", metavar="RECIPE", help="A recipe: a YAML file, or a shipped recipe's name "
                         "(`cpu_demo`, `cpu_toolbox`, ...). The fields below override it.")  # fmt: skip
+    recipe.add_argument("--accelerate_config", metavar="CONFIG", help="Run under `accelerate launch` with this "
+                        "config: a YAML file or a shipped one's name (`single_gpu`, `multi_gpu`, `deepspeed_zero2`, "
+                        "`deepspeed_zero3`, `fsdp`, `multi_node`, `cpu_2proc`).")  # fmt: skip
     data = parser.add_argument_group("Data and rewards")
     sections = {title: parser.add_argument_group(title) for title in SECTIONS}
     ours = {name: title for title, names in SECTIONS.items() for name in names}

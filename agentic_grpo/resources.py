@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def shipped_dir(kind: str) -> Path:
-    """The installed folder of `recipes`, `rubrics` or `benchmarks`."""
+    """The installed folder of `recipes`, `rubrics`, `benchmarks` or `accelerate_configs`."""
     return Path(str(resources.files(f"agentic_grpo.{kind}")))
 
 

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if not argv:
         argv = ["--config", DEFAULT_RECIPE]
         print(f"No recipe given: running the offline CPU demo (recipe `{DEFAULT_RECIPE}`).", flush=True)
+    if "--accelerate_config" in argv:
+        try:
+            return launch_with_accelerate(argv)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if argv[0] in ("-h", "--help"):
         from agentic_grpo.config import recipe_parser
 
@@ -42,6 +49,24 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return run(prepared)
+
+
+def launch_with_accelerate(argv: list[str]) -> int:
+    """`--accelerate_config NAME_OR_PATH` (a shipped config such as `cpu_2proc` or `deepspeed_zero3`, or a file):
+    run this training under `accelerate launch` with that config, the rest of `argv` as the recipe's arguments."""
+    from agentic_grpo.resources import find_shipped
+
+    position = argv.index("--accelerate_config")
+    if position + 1 == len(argv):
+        raise ValueError("--accelerate_config needs a config: a YAML file or a shipped one's name (e.g. `cpu_2proc`)")
+    if "LOCAL_RANK" in os.environ:  # already one process of a launch: a second launch would nest
+        raise ValueError("--accelerate_config starts `accelerate launch` itself: drop it under `accelerate launch`")
+    config = find_shipped(argv[position + 1], "accelerate_configs", ".yaml")
+    rest = argv[:position] + argv[position + 2 :]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+               "-m", "agentic_grpo.train", *rest]  # fmt: skip
+    print(f"Launching: accelerate launch --config_file {config} -m agentic_grpo.train {' '.join(rest)}", flush=True)
+    return subprocess.run(command).returncode
 
 
 @dataclass

@@ -255,3 +255,9 @@ def test_eval_names_what_is_wrong_with_its_data_file_in_one_line(tmp_path, capsy
     code = cli_main(["eval", "--model", "tiny-random-llama", "--recipe", "ci_tiny", "--data", str(data)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_an_unknown_accelerate_config_is_refused_naming_the_shipped_ones(capsys):
+    assert cli_main(["train", "--accelerate_config", "zero9", "--config", "ci_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "accelerate_config `zero9` is neither a file" in err and "cpu_2proc, deepspeed_zero2" in err

@@ -113,9 +113,10 @@ def run(installed: dict[str, Path], *command: str, timeout: int = 600) -> subpro
 def test_built_ins_and_their_files_install_under_agentic_grpo_only(installed):
     site = installed["site"]
     for path in ["tools/calculator.py", "rewards/rules.py", "recipes/cpu_demo.yaml", "recipes/ci_tiny.yaml",
-                 "rubrics/tool_use.md", "benchmarks/learning.py", "sandbox/launcher.py"]:  # fmt: skip
+                 "rubrics/tool_use.md", "benchmarks/learning.py", "sandbox/launcher.py",
+                 "accelerate_configs/cpu_2proc.yaml"]:  # fmt: skip
         assert (site / "agentic_grpo" / path).is_file(), path
-    for name in ["tools", "rewards", "recipes", "rubrics", "benchmarks", "tests"]:
+    for name in ["tools", "rewards", "recipes", "rubrics", "benchmarks", "accelerate_configs", "tests"]:
         assert not (site / name).exists(), f"{name} installed as a top-level package"
 
 
@@ -147,6 +148,17 @@ def test_shipped_recipe_by_name_trains(installed):
                  "out/shipped", "--save_strategy", "no")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert (installed["project"] / "out" / "shipped" / "metrics.jsonl").is_file()
+
+
+def test_two_processes_launch_with_a_shipped_accelerate_config_named(installed):
+    """A pip user has no `accelerate_configs/` folder: `--accelerate_config cpu_2proc` finds the shipped one."""
+    result = run(installed, "agentic-grpo", "train", "--accelerate_config", "cpu_2proc", "--config", "ci_tiny",
+                 "--max_steps", "1", "--output_dir", "out/two", "--save_strategy", "no")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert str(installed["site"] / "agentic_grpo" / "accelerate_configs" / "cpu_2proc.yaml") in result.stdout
+    files = sorted((installed["project"] / "out" / "two" / "trajectories").glob("step_000001.rank*.jsonl"))
+    assert [f.name for f in files] == ["step_000001.rank0.jsonl", "step_000001.rank1.jsonl"]  # one per process
+    assert all(len(f.read_text().splitlines()) == 4 for f in files)  # each process: one question x G=4
 
 
 def test_bench_knows_and_runs_the_shipped_benchmarks(installed):
