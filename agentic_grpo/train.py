@@ -121,6 +121,7 @@ def prepare(argv: list[str]) -> PreparedRun:
     if experiments.choice_gradient_weight and not (slot and slot.canonical):
         raise ValueError(CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT)
     train, test = built.train, built.test
+    skip_evaluation_of_a_short_run(config, argv)
     if config.eval_before_after:
         from agentic_grpo.evaluate import correctness_reward_name
 
@@ -201,6 +202,27 @@ def run(prepared: PreparedRun) -> int:
         except Exception as exc:  # a missing plot must not turn a finished run into a failed one
             logger.warning("plotting failed: %s", exc)
     return 0
+
+
+def skip_evaluation_of_a_short_run(config: Any, argv: list[str]) -> None:
+    """A run whose `--max_steps` on the command line is a quarter of its recipe's or less is a try-out: its held-out
+    evaluation before and after (`eval_before_after`) is turned off, and said so, unless the command line asks
+    for it too. On a CPU the evaluation alone can take longer than such a run."""
+    import yaml
+
+    from agentic_grpo.resources import find_shipped
+
+    flags = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    if not config.eval_before_after or "max_steps" not in flags or "eval_before_after" in flags:
+        return
+    recipe_steps = 0
+    if "--config" in argv:
+        recipe = yaml.safe_load(find_shipped(argv[argv.index("--config") + 1], "recipes", ".yaml").read_text())
+        recipe_steps = int((recipe or {}).get("max_steps", 0) or 0)
+    if 0 < config.max_steps <= recipe_steps / 4:
+        config.eval_before_after = False
+        print(f"Held-out evaluation before and after skipped: --max_steps {config.max_steps} caps the recipe's "
+              f"{recipe_steps} steps (add --eval_before_after true to measure anyway).", flush=True)  # fmt: skip
 
 
 def model_init_kwargs(config: Any, model_config: Any) -> dict[str, Any]:

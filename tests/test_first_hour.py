@@ -261,3 +261,16 @@ def test_an_unknown_accelerate_config_is_refused_naming_the_shipped_ones(capsys)
     assert cli_main(["train", "--accelerate_config", "zero9", "--config", "ci_tiny"]) == 2
     err = capsys.readouterr().err
     assert "accelerate_config `zero9` is neither a file" in err and "cpu_2proc, deepspeed_zero2" in err
+
+
+def test_a_run_capped_far_below_its_recipe_skips_the_held_out_evaluation_and_says_so(tmp_path, capsys):
+    from agentic_grpo.train import prepare
+
+    base = ["--config", "cpu_demo", "--model_name_or_path", "tiny-random-llama", "--overwrite_output_dir", "true"]
+    short = prepare([*base, "--max_steps", "2", "--output_dir", str(tmp_path / "a")])
+    assert not short.config.eval_before_after
+    assert "--max_steps 2 caps the recipe's 20 steps" in capsys.readouterr().out
+    asked = prepare([*base, "--max_steps", "2", "--eval_before_after", "true", "--output_dir", str(tmp_path / "b")])
+    assert asked.config.eval_before_after  # the command line asked for it
+    whole = prepare([*base, "--max_steps", "12", "--output_dir", str(tmp_path / "c")])
+    assert whole.config.eval_before_after  # not a try-out
