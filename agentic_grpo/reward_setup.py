@@ -100,11 +100,20 @@ def guard_rewards(rewards: list[Callable], on_reward_error: str) -> list[Callabl
 
 
 def returning_none_on_error(func: Callable) -> Callable:
-    """`func`, but a raised exception is logged and the batch gets `None` (no reward) instead."""
+    """`func`, but a raised exception is logged and the batch gets `None` (no reward) instead; the wrapper's
+    `errors` counts them and its `error_summary()` is a line for the end-of-run summary."""
+    failures: list[str] = []
 
     def fallback(exc: Exception, kwargs: dict[str, Any]) -> list[None]:
         logger.error("reward `%s` raised %s: %s; it gives None for this batch", func.__name__, type(exc).__name__, exc)
+        failures.append(f"{type(exc).__name__}: {exc}")
         return [None] * len(kwargs.get("completions") or kwargs.get("prompts") or [])
+
+    def error_summary() -> str | None:
+        if not failures:
+            return None
+        return (f"reward `{func.__name__}` raised in {len(failures)} batch(es), which got no `{func.__name__}` "
+                f"reward (`on_reward_error: none`); the first: {failures[0]}")  # fmt: skip
 
     if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):  # noqa: B004
 
@@ -115,6 +124,7 @@ def returning_none_on_error(func: Callable) -> Callable:
             except Exception as exc:  # noqa: BLE001 - the recipe asked for None instead of a crash
                 return fallback(exc, kwargs)
 
+        guarded_async.error_summary = error_summary
         return _marked(guarded_async, func)
 
     @functools.wraps(func)
@@ -124,6 +134,7 @@ def returning_none_on_error(func: Callable) -> Callable:
         except Exception as exc:  # noqa: BLE001 - the recipe asked for None instead of a crash
             return fallback(exc, kwargs)
 
+    guarded.error_summary = error_summary
     return _marked(guarded, func)
 
 

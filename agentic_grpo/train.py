@@ -372,10 +372,14 @@ def summary(output_dir: Path, rewards: list | None = None) -> str:
                 f"{last.get('reward', 0):.3f}"
             )
     for func in rewards or []:
-        report = getattr(getattr(func, "__wrapped__", func), "run_summary", None)
-        line = report() if callable(report) else None
-        if line:
-            lines.append(f"  {line}")
+        reports = (
+            getattr(getattr(func, "__wrapped__", func), "run_summary", None),
+            getattr(func, "error_summary", None),
+        )
+        for report in reports:
+            line = report() if callable(report) else None
+            if line:
+                lines.append(f"  {line}")
     return "\n".join(lines)
 
 

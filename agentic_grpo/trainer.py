@@ -267,7 +267,8 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
             if self.model.training:
                 path = self._save_trajectories(inputs, None, error=f"{type(exc).__name__}: {exc}")
                 if path is not None:
-                    print(f"The step's trajectories are in {path}", flush=True)
+                    print(f"The step's trajectories are in {path}. To go on when a reward raises, set "
+                          "`on_reward_error: none`: that reward then gives None for the batch.", flush=True)  # fmt: skip
             raise
         trajectories = [row["trajectory"] for row in inputs]
         # TRL counted a completion cut when its last token is not EOS; a trajectory is cut when a budget cut it.

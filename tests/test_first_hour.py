@@ -82,6 +82,7 @@ def test_reward_that_raises_stops_the_run_after_writing_the_steps_trajectories(t
     recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:raising"}], max_steps=1)
     result = train("--config", str(recipe), timeout=600)
     assert result.returncode != 0 and "the reward broke" in result.stderr
+    assert "set `on_reward_error: none`" in result.stdout  # the way to go on is named
     records = [json.loads(line) for line in (tmp_path / "out" / "trajectories" / "step_000001.jsonl").open()]
     assert len(records) == 4 and all("RuntimeError: the reward broke" in r["error"] for r in records)
     assert all(r["segments"][1]["role"] == "model" for r in records)
@@ -97,6 +98,7 @@ def test_on_reward_error_none_turns_a_failing_reward_into_no_reward(tmp_path):
     assert "reward `raising` raised RuntimeError: the reward broke" in result.stderr
     records = [json.loads(line) for line in (tmp_path / "out" / "trajectories" / "step_000001.jsonl").open()]
     assert all(r["rewards"]["raising"] is None and r["rewards"]["format"] is not None for r in records)
+    assert "reward `raising` raised in 1 batch(es), which got no `raising` reward" in result.stdout  # the summary
 
 
 # --- output_dir: never two runs in one directory -------------------------------------------
