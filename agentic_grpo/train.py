@@ -94,7 +94,7 @@ def prepare(argv: list[str]) -> PreparedRun:
     from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT
     from agentic_grpo.models import resolve_model
     from agentic_grpo.run_parts import build_recipe
-    from agentic_grpo.trainer import check_trainer_setup
+    from agentic_grpo.trainer_checks import check_trainer_setup
     from agentic_grpo.vllm_backend import NO_CONSTRAINED_ACTIONS
 
     use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group

@@ -26,7 +26,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.clipped import clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
+from agentic_grpo.data import with_row
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.experimental.choice_gradient import (
     choice_loss,
@@ -57,6 +58,7 @@ from agentic_grpo.run_parts import build_rollout_parts
 from agentic_grpo.selection import batch_selection_metrics
 from agentic_grpo.shared_prompt import ReadPromptOnce
 from agentic_grpo.subagents.usage import subagent_metrics
+from agentic_grpo.trainer_checks import check_trainer_setup
 from agentic_grpo.trajectory import Trajectory
 from agentic_grpo.vllm_backend import VLLMBackend
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
@@ -89,46 +91,6 @@ PRIVATE_SEAMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable], agents: Sequence[Any] = ()) -> None:
-    """Refuse set-ups that would train on wrong numbers or crash, whoever builds the trainer (CLI or user code);
-    `agents`: the recipe's sub-agents, the whole tree."""
-    trained = [agent.name for agent in agents if getattr(agent, "train", False)]
-    if trained and args.world_size > 1:
-        # Each role's forward and the policy's go through one DDP-wrapped model before one backward, and DDP
-        # marks the shared LoRA parameters ready twice: the first backward fails.
-        raise ValueError(
-            f"co-trained sub-agents ({trained}, `train: true`) train in one process only, and this launch has "
-            f"{args.world_size}: launch one process, or freeze the sub-agents (drop `train: true`)"
-        )
-    sharded_vllm = args.use_vllm and (args.vllm_mode == "server" or args.vllm_tensor_parallel_size > 1)
-    if sharded_vllm and args.world_size > 1:
-        # TRL gathers every process's prompts for each generate call and hands each process the slice at
-        # `process_index * len(its prompts)`, which is only right when every process has the same number of
-        # live trajectories at every turn; in a multi-turn rollout they finish at different turns.
-        raise ValueError(
-            f"vLLM in `{args.vllm_mode}` mode with tensor_parallel_size {args.vllm_tensor_parallel_size} across "
-            f"{args.world_size} processes would hand some process another process's completions (processes have "
-            "different numbers of live trajectories per turn): use `vllm_mode: colocate` with "
-            "`vllm_tensor_parallel_size: 1` (one engine per process), or a single training process"
-        )
-    group_rewards = [getattr(f, "__name__", repr(f)) for f in reward_funcs if getattr(f, "needs_whole_groups", False)]
-    if not group_rewards or args.world_size == 1:
-        return
-    layouts = [("training", args.per_device_train_batch_size * args.steps_per_generation, args.num_generations,
-                "per_device_train_batch_size x steps_per_generation", "num_generations")]  # fmt: skip
-    if getattr(args, "eval_strategy", "no") != "no":
-        eval_group = getattr(args, "num_generations_eval", None) or args.num_generations
-        layouts.append(("evaluation", args.per_device_eval_batch_size, eval_group, "per_device_eval_batch_size",
-                        "num_generations_eval"))  # fmt: skip
-    for phase, per_process, group, held_by, group_field in layouts:
-        if per_process % group:
-            raise ValueError(
-                f"reward(s) {group_rewards} score each query's {group} samples together, but in {phase} each of "
-                f"the {args.world_size} processes holds {per_process} samples ({held_by}), which splits some "
-                f"groups across processes: make that a multiple of {group_field}"
-            )
-
-
 @contextlib.contextmanager
 def dropout_off(model: torch.nn.Module) -> Any:
     """Every module below `model` in eval mode (no dropout, functional attention dropout included) for the block.
@@ -144,27 +106,6 @@ def dropout_off(model: torch.nn.Module) -> Any:
     finally:
         for module, training in modes:
             module.training = training
-
-
-class MessagesOfRow(list):
-    """A conversational prompt that carries its dataset row (`with_row`)."""
-
-    row: dict[str, Any]
-
-
-class TextOfRow(str):
-    """A plain-text prompt that carries its dataset row (`with_row`)."""
-
-    row: dict[str, Any]
-
-
-def with_row(prompt: list | str, row: dict[str, Any]) -> MessagesOfRow | TextOfRow:
-    """`prompt` carrying its dataset row's other columns as `.row`: TRL hands `rollout_func` the prompts alone,
-    and the environments and rewards need the row. It survives TRL's deep copy and is an ordinary list of
-    messages (or string) everywhere else."""
-    carrier = TextOfRow(prompt) if isinstance(prompt, str) else MessagesOfRow(prompt)
-    carrier.row = row
-    return carrier
 
 
 def nan_if_none(value: float | None) -> float:

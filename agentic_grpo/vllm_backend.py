@@ -17,7 +17,7 @@ the trainer's own log-probs (tool tokens carry 0.0 and are masked).
 Limit: in `server` mode, or with tensor parallelism, TRL gathers the prompts of all
 processes in every call and hands each process the slice at its rank, which is only right
 when every process has the same number of live trajectories at every turn. A multi-turn
-rollout does not, so `check_trainer_setup` refuses that layout with several processes;
+rollout does not, so `agentic_grpo.trainer_checks.check_trainer_setup` refuses that layout with several processes;
 colocate mode with tensor_parallel_size 1 keeps each process's engine to itself.
 """
 

@@ -9,7 +9,8 @@ import pytest
 from datasets import Dataset
 
 from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.trainer import AgenticGRPOTrainer, check_trainer_setup
+from agentic_grpo.trainer import AgenticGRPOTrainer
+from agentic_grpo.trainer_checks import check_trainer_setup
 from tests.scripted import ScriptedBackend, case_prompt
 
 CODE = 'Action: python\nAction Input: {"code": "print(6 * 7)"}\nObservation:'
