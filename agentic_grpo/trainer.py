@@ -4,8 +4,8 @@ TRL does the algorithm: group advantages, the clipped GRPO loss under the `env_m
 count for nothing), the KL term against the frozen reference, DeepSpeed/FSDP/PEFT, vLLM and logging. One
 training step, in order:
 
-1. `_generate_and_score_completions` (TRL's, wrapped): the batch's dataset rows are bound for `_rollout`, and
-   the policy samples with dropout off.
+1. `_generate_and_score_completions` (TRL's, wrapped): each prompt carries its dataset row to `_rollout`
+   (`agentic_grpo.data.with_row`), and the policy samples with dropout off.
 2. `_rollout` (TRL's public `rollout_func` seam): the rollout manager runs the turn loop (tools, sandbox) and
    returns prompt/completion ids, the loss mask (`env_mask`) and the `Trajectory` records.
 3. `_calculate_rewards` (TRL's, wrapped): the rewards score each trajectory; a missing reward (`None`) is
