@@ -29,8 +29,7 @@ def _jsonable(value: Any) -> Any:
 
 
 class RunFilesCallback(TrainerCallback):
-    """Writes `metrics.jsonl` on every log (one line per logged step) and adds `time/step` to the metrics; the
-    Trainer's end-of-training summary (`train_runtime`, `train_loss`, ...) goes to `run.json` as `train_summary`."""
+    """Writes `metrics.jsonl` on every log and adds `time/step` to the metrics."""
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
@@ -47,9 +46,6 @@ class RunFilesCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, "epoch": state.epoch, **{k: _jsonable(v) for k, v in logs.items()}}
-        if "train_runtime" in logs:  # the summary of the whole run, logged at the last step's number again
-            write_run_status(args.output_dir, None, train_summary=record)
-            return
         path = Path(args.output_dir) / "metrics.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
@@ -92,14 +88,12 @@ def trajectory_records(
     return records
 
 
-def write_run_status(output_dir: str | Path, status: str | None, **extra: Any) -> None:
-    """Create or update `run.json` (atomically: a reader never sees half a file); `status` None keeps it."""
+def write_run_status(output_dir: str | Path, status: str, **extra: Any) -> None:
+    """Create or update `run.json` (atomically: a reader never sees half a file)."""
     path = Path(output_dir) / "run.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(updated=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
-    if status is not None:
-        data["status"] = status
+    data.update(status=status, updated=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     tmp.replace(path)
