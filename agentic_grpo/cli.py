@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     show.add_argument("path", help="output directory, model directory with an eval report, or trajectory file")
     show.add_argument("--step", type=int, help="step to show (default: the last saved)")
+    show.add_argument("--rank", type=int, help="a multi-process run: show only this process's trajectories "
+                      "(default: every process's file of the step, in process order)")  # fmt: skip
     show.add_argument("--index", type=int, help="show only this trajectory of the step")
     show.add_argument("--limit", type=int, default=4, help="trajectories to show (default 4)")
     show.set_defaults(func=_show)
@@ -267,41 +270,80 @@ def _show(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     if path.is_dir():
-        files = sorted((path / "trajectories").glob("step_*.jsonl"))
-        if args.step is not None:
-            files = [f for f in files if f.name.startswith(f"step_{args.step:06d}")]
-        elif not files:  # a model directory that `agentic-grpo eval` wrote its report into
-            files = sorted(path.glob("*.trajectories.jsonl"), key=lambda f: f.stat().st_mtime)
-        if not files:
-            print(f"error: no trajectory files under {path / 'trajectories'} (nor an eval report's "
-                  f"*.trajectories.jsonl in {path})", file=sys.stderr)  # fmt: skip
+        files = _step_files(path, args.step, args.rank)
+        if isinstance(files, str):
+            print(f"error: {files}", file=sys.stderr)
             return 2
-        path = files[-1]
-    elif not path.is_file():
+    elif path.is_file():
+        files = [path]
+    else:
         print(f"error: {path} does not exist", file=sys.stderr)
         return 2
-    try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except ValueError:
-        records = None
-    if not records or not all(isinstance(r, dict) and "segments" in r for r in records):
-        print(f"error: {path} is not a trajectory file (JSON lines with `segments`: a run's trajectories/"
-              "step_N.jsonl or eval's *.trajectories.jsonl)", file=sys.stderr)  # fmt: skip
-        return 2
+    records, sources = [], []
+    for file in files:
+        try:
+            read = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        except ValueError:
+            read = []
+        if not read or not all(isinstance(r, dict) and "segments" in r for r in read):
+            print(f"error: {file} is not a trajectory file (JSON lines with `segments`: a run's trajectories/"
+                  "step_N.jsonl or eval's *.trajectories.jsonl)", file=sys.stderr)  # fmt: skip
+            return 2
+        records += read
+        sources += [_rank_of(file)] * len(read)
     if args.index is not None and not -len(records) <= args.index < len(records):
-        print(f"error: --index {args.index}: the file holds {len(records)} trajectories", file=sys.stderr)
+        print(f"error: --index {args.index}: the step holds {len(records)} trajectories", file=sys.stderr)
         return 2
-    chosen = [records[args.index]] if args.index is not None else records[: args.limit]
+    numbers = [args.index % len(records)] if args.index is not None else list(range(min(args.limit, len(records))))
     console = Console()
-    console.print(f"[bold]{path}[/bold]: {len(records)} trajectories")
-    for number, record in enumerate(chosen):
-        number = args.index if args.index is not None else number
-        console.print(trajectory_view(record, f"#{number}  finish={record['finish_reason']}"))
+    processes = f" from {len(files)} processes ({', '.join(f.name for f in files)})" if len(files) > 1 else ""
+    console.print(f"[bold]{files[0] if len(files) == 1 else files[0].parent}[/bold]: {len(records)} trajectories"
+                  f"{processes}")  # fmt: skip
+    for number in numbers:
+        record = records[number]
+        rank = f"  rank={sources[number]}" if sources[number] is not None else ""
+        console.print(trajectory_view(record, f"#{number}{rank}  finish={record['finish_reason']}"))
     legend = "[green]model tokens (trained)[/green]  [yellow]tool output (not trained)[/yellow]"
-    if any(record.get("children") for record in chosen):
+    if any(records[number].get("children") for number in numbers):
         legend += "  [magenta]sub-agent trajectories (under the call; never in the caller's loss)[/magenta]"
     console.print(legend)
     return 0
+
+
+_STEP_FILE = re.compile(r"step_(\d+)(?:\.rank(\d+))?\.jsonl")
+
+
+def _rank_of(file: Path) -> int | None:
+    found = _STEP_FILE.fullmatch(file.name)
+    return int(found.group(2)) if found and found.group(2) is not None else None
+
+
+def _step_files(directory: Path, step: int | None, rank: int | None) -> list[Path] | str:
+    """The trajectory files of one step of a run in `directory` (every process's, in process order, or `rank`'s),
+    or an eval report's newest *.trajectories.jsonl; a message when there is none."""
+    by_step: dict[int, list[Path]] = {}
+    for file in (directory / "trajectories").glob("step_*.jsonl"):
+        if found := _STEP_FILE.fullmatch(file.name):
+            by_step.setdefault(int(found.group(1)), []).append(file)
+    if not by_step:
+        if step is None and rank is None:  # a model directory that `agentic-grpo eval` wrote its report into
+            reports = sorted(directory.glob("*.trajectories.jsonl"), key=lambda f: f.stat().st_mtime)
+            if reports:
+                return reports[-1:]
+        return (f"no trajectory files under {directory / 'trajectories'} (nor an eval report's "
+                f"*.trajectories.jsonl in {directory})")  # fmt: skip
+    if step is None:
+        step = max(by_step)
+    elif step not in by_step:
+        return f"--step {step}: no trajectories saved for it (saved steps: {', '.join(map(str, sorted(by_step)))})"
+    files = sorted(by_step[step], key=lambda f: _rank_of(f) or 0)
+    if rank is not None:
+        ranks = [_rank_of(f) for f in files]
+        if rank not in ranks and not (rank == 0 and ranks == [None]):
+            shown = ", ".join(str(r) for r in ranks if r is not None) or "0 (a one-process run)"
+            return f"--rank {rank}: step {step} has trajectory files of processes {shown}"
+        files = [f for f, r in zip(files, ranks, strict=True) if r == rank or r is None]
+    return files
 
 
 if __name__ == "__main__":

@@ -196,12 +196,18 @@ class RolloutManager:
             logprobs = generation.logprobs[: len(tokens)] if generation.logprobs is not None else None
             trajectory.segments.append(Segment("model", tokens, self.tokenizer.decode(tokens), logprobs))
             trajectory.turns += 1
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            parsed = self.format.parse(text)
             if stop_reason == "length":
                 # A turn cut by a token budget is unfinished text: its "answer" may be a cut number
                 # ("77" of "77,750") and its code a cut block. Neither is acted on; the trajectory ends.
-                trajectory.finish_reason = "length"
-                continue
-            parsed = self.format.parse(self.tokenizer.decode(tokens, skip_special_tokens=True))
+                # Only a whole tool call that filled the budget exactly is run, as if the turn had ended.
+                closes_call = getattr(self.format, "closes_call", None)
+                if not (isinstance(parsed, ToolCall) and closes_call is not None and closes_call(text)):
+                    trajectory.finish_reason = "length"
+                    continue
+                if not self.format.stop:  # an EOS-ended format: the observation opens the next chat turn
+                    stop_reason = "eos"
             if isinstance(parsed, FinalAnswer):
                 trajectory.final_answer = parsed.answer
                 trajectory.finish_reason = "final_answer"

@@ -70,3 +70,53 @@ def test_eval_reports_accuracy_and_tool_use_on_a_model(tiny_model_dir, tmp_path,
 def test_eval_with_a_missing_data_file_is_refused(tiny_model_dir, capsys):
     code = main(["eval", "--model", tiny_model_dir, "--recipe", "recipes/ci_tiny.yaml", "--data", "nope.jsonl"])
     assert code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def _record(question: str, tool_output: str = " 42") -> dict:
+    trajectory = Trajectory(
+        prompt="q",
+        segments=[
+            Segment("prompt", [1], "Q"),
+            Segment("model", [2], "Action: calculator"),
+            Segment("tool", [3], tool_output),
+        ],
+        final_answer="42",
+        finish_reason="final_answer",
+    )
+    return {**trajectory.to_dict(), "row": {"question": question, "answer": "42"}}
+
+
+def test_show_reads_every_process_file_of_a_step_or_the_one_asked_for(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    folder = tmp_path / "trajectories"
+    folder.mkdir()
+    for step in (2, 4):
+        for rank in (0, 1):
+            lines = [json.dumps(_record(f"step {step} rank {rank} question {k}")) for k in range(4)]
+            (folder / f"step_{step:06d}.rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+    assert main(["show", str(tmp_path), "--limit", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "8 trajectories from 2 processes" in out
+    assert all(f"step 4 rank {rank} question {k}" in out for rank in (0, 1) for k in range(4))
+    assert "step 2" not in out and "rank=1" in out
+
+    assert main(["show", str(tmp_path), "--step", "2", "--rank", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "step 2 rank 1 question 0" in out and "rank 0" not in out and "4 trajectories" in out
+
+    assert main(["show", str(tmp_path), "--rank", "2"]) == 2
+    assert "processes 0, 1" in capsys.readouterr().err
+    assert main(["show", str(tmp_path), "--step", "3"]) == 2
+    assert "saved steps: 2, 4" in capsys.readouterr().err
+
+
+def test_show_never_sends_tool_output_escape_sequences_to_the_terminal(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    hostile = "\x1b]0;pwned\x07\x1b]52;c;aGk=\x07\rreward=1.0 \x9b31m"
+    path = tmp_path / "step_000001.jsonl"
+    path.write_text(json.dumps(_record("\x1b[2Jq", tool_output=hostile)) + "\n")
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert not any(ch in out for ch in "\x1b\x07\r\x9b")
+    assert "\\x1b]0;pwned\\x07" in out and "\\x1b[2Jq" in out

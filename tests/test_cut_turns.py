@@ -60,3 +60,35 @@ def test_a_cut_react_tool_call_is_never_run(tokenizer):
 def test_a_complete_turn_within_the_budget_still_answers(tokenizer):
     trajectory = roll(tokenizer, "react", ["Final Answer: 77,750<|im_end|>"])
     assert trajectory.finish_reason == "final_answer" and trajectory.final_answer == "77,750"
+
+
+@pytest.mark.parametrize(
+    ("fmt_name", "call", "runs"),
+    [
+        ("react", 'Thought: multiply\nAction: calculator\nAction Input: {"expression": "12 * 34"}', True),
+        ("react", "Thought: multiply\nAction: calculator\nAction Input: 12 * 34", False),  # a bare value may be cut
+        ("react", 'Action: calculator\nAction Input: {"expression": "12 * 34"} and then', False),
+        ("tool_call", '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call>', True),
+        ("tool_call", '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}', False),
+    ],
+)
+def test_a_whole_call_that_fills_the_turn_budget_exactly_is_run(tokenizer, fmt_name, call, runs):
+    budget = len(tokenizer(call, add_special_tokens=False)["input_ids"])
+    fmt = load_format(fmt_name, Calculator.tool_schemas())
+    limits = RolloutLimits(max_turns=3, max_tokens_per_turn=budget)
+    manager = RolloutManager(Calculator, fmt, tokenizer, limits)
+    marker = "Observation:" if fmt_name == "react" else "<tool_response>"
+    backend = ScriptedBackend(tokenizer, {"cut": [call + RAMBLE, "Final Answer: 408<|im_end|>"]}, turn_marker=marker)
+    try:
+        [trajectory], _ = manager.rollout([case_prompt("cut")], [{}], backend)
+    finally:
+        manager.close()
+    if not runs:
+        assert trajectory.finish_reason == "length" and trajectory.tool_calls == []
+        return
+    assert [result.output for _, result in trajectory.tool_calls] == ["408"]
+    observation = trajectory.segments[2].text
+    assert "408" in observation and (marker in observation)
+    if fmt_name == "tool_call":  # the model's turn did not end with EOS: the template's end-of-turn is added
+        assert observation.startswith("<|im_end|>")
+    assert trajectory.turns == 2

@@ -81,6 +81,11 @@ class TrajectoryFormat(Protocol):
     def render_observation(self, result: ToolResult, after_stop: bool) -> str:
         """The text that shows `result` to the model; `after_stop` is True when the turn ended on a stop string."""
 
+    def closes_call(self, text: str) -> bool:
+        """Optional: True when `text`, a turn cut by the token budget, ends with a whole tool call (the model's
+        next token could only have ended the turn), so the call is run; a format without it never runs a cut
+        turn's call."""
+
 
 FORMATS = {
     "react": "agentic_grpo.formats.react:ReActFormat",

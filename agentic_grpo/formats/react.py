@@ -209,6 +209,20 @@ class ReActFormat:
         example = ", ".join(f'"{k}": ...' for k in params) if params else '"argument": ...'
         return Malformed(f"Action Input must be a JSON object like {{{example}}}")
 
+    def closes_call(self, text: str) -> bool:
+        """The turn ends with `Action Input:` and a JSON object closed by its last character: a bare value
+        (`Action Input: 77`) may be cut ("77" of "77,750"), a closed object cannot."""
+        given = list(_ACTION_INPUT.finditer(text))
+        if not given or not _ACTION.search(text[: given[-1].start()]):
+            return False
+        raw = text[given[-1].end() :].strip().strip("`").strip()
+        raw = raw[4:].lstrip() if raw.startswith("json") else raw
+        try:
+            value, end = json.JSONDecoder().raw_decode(raw)
+        except json.JSONDecodeError:
+            return False
+        return isinstance(value, dict) and not raw[end:].strip()
+
     def render_observation(self, result: ToolResult, after_stop: bool) -> str:
         return f" {result.output}\n" if after_stop else f"\nObservation: {result.output}\n"
 

@@ -94,5 +94,8 @@ class ToolCallFormat:
         except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
             return Malformed(f"could not read your answer ({type(exc).__name__})")
 
+    def closes_call(self, text: str) -> bool:
+        return text.rstrip().endswith("</tool_call>")
+
     def render_observation(self, result: ToolResult, after_stop: bool) -> str:
         return f"<tool_response>\n{result.output}\n</tool_response>"
