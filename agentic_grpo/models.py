@@ -59,7 +59,42 @@ def resolve_model(name_or_path: str) -> str:
             f"model `{name_or_path}` does not exist: give a local directory with config.json, a hub id "
             f"such as `Qwen/Qwen2.5-7B-Instruct`, `{SMOLLM2_ALIAS}` or `{TINY_ALIAS}`"
         )
+    check_hub_model(name_or_path)
     return name_or_path
+
+
+def check_hub_model(repo_id: str) -> None:
+    """Refuse, in one line, a hub id that is neither in the local cache nor on a hub that answers.
+
+    One request without retries: a mistyped id on a machine without the hub otherwise ends, after retries,
+    in a long log about connecting to huggingface.co.
+    """
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    missing = (
+        f"model `{repo_id}` is neither a local directory nor in the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    )
+    fix = (
+        f"check the spelling, or set model_name_or_path to a local directory with config.json "
+        f"(or `{SMOLLM2_ALIAS}` / `{TINY_ALIAS}`, which need no hub)"
+    )
+    if constants.is_offline_mode():
+        raise ValueError(f"{missing}, and HF_HUB_OFFLINE is set: {fix}")
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=10)
+    except GatedRepoError:
+        raise ValueError(f"model `{repo_id}` is gated: accept its terms on the hub, then `hf auth login`") from None
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"{missing}, and the hub has no such model (or it is private: `hf auth login`): {fix}"
+        ) from None
+    except EntryNotFoundError:
+        raise ValueError(f"model `{repo_id}` on the hub has no config.json: it is not a transformers model") from None
+    except Exception as exc:  # noqa: BLE001 - connection, TLS, proxy, timeout: whichever, the hub did not answer
+        raise ValueError(f"{missing}, and the hub did not answer ({type(exc).__name__}): {fix}") from None
 
 
 def smollm2_checkpoint() -> Path:

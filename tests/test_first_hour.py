@@ -3,7 +3,9 @@ re-running into an output directory, and the `show` / `eval` / `--help` commands
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -276,3 +278,40 @@ def test_a_run_capped_far_below_its_recipe_skips_the_held_out_evaluation_and_say
     assert asked.config.eval_before_after  # the command line asked for it
     whole = prepare([*base, "--max_steps", "12", "--output_dir", str(tmp_path / "c")])
     assert whole.config.eval_before_after  # not a try-out
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """A hub that knows no model: what huggingface.co answers a mistyped id."""
+
+    def do_HEAD(self):  # noqa: N802 - http.server's name
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.end_headers()
+
+    do_GET = do_HEAD  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hub_without_models():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_mistyped_hub_id_is_named_in_one_line_whether_the_hub_answers_or_not(tmp_path, hub_without_models):
+    recipe = write_recipe(tmp_path, model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruc")
+    cases = {
+        "the hub has no such model": {"HF_ENDPOINT": hub_without_models},
+        "the hub did not answer (ConnectError)": {"HF_ENDPOINT": "http://127.0.0.1:9"},  # nothing listens on port 9
+        "HF_HUB_OFFLINE is set": {"HF_HUB_OFFLINE": "1"},
+    }
+    for reason, env in cases.items():
+        result = run_cli("train", "--config", str(recipe), timeout=300, **{"HF_HUB_OFFLINE": "0", **env})
+        assert result.returncode != 0
+        assert "SmolLM2-135M-Instruc` is neither a local directory nor in the Hugging Face cache" in result.stderr
+        assert reason in result.stderr and "local directory with config.json" in result.stderr
+        assert "Traceback" not in result.stderr and "Retrying" not in result.stderr
