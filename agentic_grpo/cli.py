@@ -221,7 +221,8 @@ def without_training_questions(rows: list[dict], dataset: object) -> list[dict]:
         print(f"note: {len(rows) - len(kept)} of {len(rows)} --data rows are training questions of the recipe; "
               f"evaluating on the other {len(kept)}")  # fmt: skip
     if not kept:
-        raise ValueError("every --data row is a training question of the recipe")
+        raise ValueError("every --data row is a training question of the recipe, and held-out figures must be "
+                         "held out: to measure on the training data, drop --data and pass --split train")  # fmt: skip
     return kept
 
 

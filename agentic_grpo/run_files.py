@@ -29,7 +29,9 @@ def _jsonable(value: Any) -> Any:
 
 
 class RunFilesCallback(TrainerCallback):
-    """Writes `metrics.jsonl` on every log and adds `time/step` to the metrics."""
+    """Writes `metrics.jsonl` (one line per logged step; the last step is always logged) and adds `time/step` to
+    the metrics; the Trainer's end-of-training summary (`train_runtime`, `train_loss`, ...) goes to `run.json` as
+    `train_summary`."""
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
@@ -41,11 +43,16 @@ class RunFilesCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self._step_start is not None:
             self.trainer.log_metrics({"time/step": time.perf_counter() - self._step_start}, mode="train")
+        if state.max_steps and state.global_step >= state.max_steps:
+            control.should_log = True  # a run's last step is in metrics.jsonl whatever `logging_steps` is
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, "epoch": state.epoch, **{k: _jsonable(v) for k, v in logs.items()}}
+        if "train_runtime" in logs:  # the summary of the whole run, which the Trainer logs at the last step's number
+            write_run_status(args.output_dir, None, train_summary=record)
+            return
         path = Path(args.output_dir) / "metrics.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
@@ -88,12 +95,14 @@ def trajectory_records(
     return records
 
 
-def write_run_status(output_dir: str | Path, status: str, **extra: Any) -> None:
-    """Create or update `run.json` (atomically: a reader never sees half a file)."""
+def write_run_status(output_dir: str | Path, status: str | None, **extra: Any) -> None:
+    """Create or update `run.json` (atomically: a reader never sees half a file); `status` None keeps it."""
     path = Path(output_dir) / "run.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(status=status, updated=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
+    data.update(updated=time.strftime("%Y-%m-%dT%H:%M:%S"), **extra)
+    if status is not None:
+        data["status"] = status
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     tmp.replace(path)

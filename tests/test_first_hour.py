@@ -94,9 +94,11 @@ def test_reward_that_raises_stops_the_run_after_writing_the_steps_trajectories(t
 @pytest.mark.integration
 def test_on_reward_error_none_turns_a_failing_reward_into_no_reward(tmp_path):
     rewards = [{"type": "tests.varied_rewards:raising"}, {"type": "agentic_grpo.rewards.rules:FormatAdherence"}]
-    recipe = write_recipe(tmp_path, rewards=rewards, max_steps=1, on_reward_error="none")
+    recipe = write_recipe(tmp_path, rewards=rewards, max_steps=1, on_reward_error="none", logging_steps=10)
     result = train("--config", str(recipe), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").open()]
+    assert [m["step"] for m in metrics] == [1] and "loss" in metrics[0]  # the last step is logged, once
     assert "reward `raising` raised RuntimeError: the reward broke" in result.stderr
     records = [json.loads(line) for line in (tmp_path / "out" / "trajectories" / "step_000001.jsonl").open()]
     assert all(r["rewards"]["raising"] is None and r["rewards"]["format"] is not None for r in records)
@@ -315,3 +317,16 @@ def test_a_mistyped_hub_id_is_named_in_one_line_whether_the_hub_answers_or_not(t
         assert "SmolLM2-135M-Instruc` is neither a local directory nor in the Hugging Face cache" in result.stderr
         assert reason in result.stderr and "local directory with config.json" in result.stderr
         assert "Traceback" not in result.stderr and "Retrying" not in result.stderr
+
+
+def test_eval_on_the_recipes_training_rows_names_split_train(tmp_path, capsys):
+    from agentic_grpo.data import load_task_data
+    from agentic_grpo.run_parts import build_recipe
+
+    recipe = build_recipe(["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out")], load_data=False)
+    train_rows, _ = load_task_data(recipe.recipe.dataset)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in list(train_rows)[:3]))
+    code = cli_main(["eval", "--model", "tiny-random-llama", "--recipe", "ci_tiny", "--data", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--split train" in err and "Traceback" not in err

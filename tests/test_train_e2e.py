@@ -31,6 +31,8 @@ def test_two_steps_write_metrics_with_the_listed_names(ci_run):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
+    assert [r["step"] for r in rows] == [1, 2]  # one line per step: the run's summary is in run.json
+    assert "train_runtime" in json.loads((out / "run.json").read_text())["train_summary"]
     for name in METRICS:
         assert name in steps[0], name
     assert 0 < steps[0]["tokens/trainable_ratio"] <= 1
