@@ -22,6 +22,7 @@ of a logit), so sampled trajectories can part ways; each is still a sample of th
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from dataclasses import dataclass, field
@@ -211,6 +212,8 @@ def generate_reusing(
         # A stopped row's last token was never fed: its keys and values end one token before it.
         stopped[row] = _entry(batch[row] + tokens[:-1], keys, values, width - len(batch[row]))
 
+    generation_config = copy.copy(generation_config)
+    generation_config.use_cache = True  # in the config: `generate` warns when a config and loose settings mix
     shrinking = shrink and not needs_lockstep(model)
     if shrinking:
         generation_config, stopping = stop_string_criteria(generation_config, tokenizer)
@@ -221,7 +224,6 @@ def generate_reusing(
         attention_mask=mask,
         generation_config=generation_config,
         tokenizer=tokenizer,
-        use_cache=True,
         **{cache_keyword(model): cache},
         **(custom if shrinking else {}),
         **generate_kwargs,

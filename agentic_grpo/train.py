@@ -158,6 +158,11 @@ def run(prepared: PreparedRun) -> int:
     main_process = trainer.accelerator.is_main_process
     if main_process:
         write_run_status(config.output_dir, "running", argv=prepared.argv, model=model_path, started=time.ctime(start))
+        from agentic_grpo.cpu_threads import check_shared_cores
+
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", trainer.accelerator.num_processes))
+        if advice := check_shared_cores(local_processes):
+            print(f"note: {advice}", flush=True)
     held_out: dict[str, Any] = {}
     measure = config.eval_before_after and test is not None and trainer.accelerator.num_processes == 1
     try:
