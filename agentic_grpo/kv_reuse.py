@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from agentic_grpo.positions import position_ids_from_mask
 from agentic_grpo.shared_prompt import cache_keyword
 from agentic_grpo.shrinking_batch import sample_shrinking, stop_string_criteria
 
@@ -109,11 +110,6 @@ def why_not_reusable(model: Any, generation_config: Any) -> str | None:
     return None
 
 
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids as `generate` derives them from an attention mask: the count of real tokens before each."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 def _held_batch(
     model: Any, batch: list[list[int]], matches: list[tuple[_Entry | None, int]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, Any, int]:
@@ -176,7 +172,7 @@ def _read_contexts(model: Any, contexts: list[list[int]], pad_id: int) -> list[_
         matches = [(prefix, shared)] * len(contexts)
     input_ids, mask, cache, held = _held_batch(model, contexts, matches, pad_id)
     model(
-        input_ids=input_ids[:, held:], attention_mask=mask, position_ids=_positions(mask)[:, held:],
+        input_ids=input_ids[:, held:], attention_mask=mask, position_ids=position_ids_from_mask(mask)[:, held:],
         use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache},
     )  # fmt: skip
     width = input_ids.shape[1]

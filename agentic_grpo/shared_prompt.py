@@ -10,8 +10,8 @@ weights, so log-probs and gradients equal TRL's to rounding (`tests/test_shared_
 prompt's cost per distinct prompt instead of one per row.
 
 TRL (1.16) has no such path, and transformers' `DynamicCache` serves generation; this module only lays one
-under TRL's fused log-prob head. Position ids and masks are those of the whole-row read: HF numbers
-positions from the cache length, as a whole row numbers them from 0.
+under TRL's fused log-prob head. Position ids are those of the whole-row read: the trainer numbers both from
+the attention mask (`agentic_grpo.positions`), the cached read's new tokens taking the mask's last columns.
 """
 
 from __future__ import annotations

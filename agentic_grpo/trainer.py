@@ -13,6 +13,8 @@ training step, in order:
 4. Advantages, one step in one order (`_advantages`): TRL's group advantage of the outcome, then per-turn credit
    (recipe field `advantage`), then co-trained sub-agents' own group advantages over their children.
 5. `compute_loss`: TRL's loss, plus co-trained roles' losses (and, experimental, the choice-gradient term).
+   Every read of the trajectories numbers positions from the attention mask, as the sampler does
+   (`_get_per_token_logps_and_entropies`, `agentic_grpo.positions`).
 
 Metrics enter TRL's logs in one place, `log_metrics`. The private TRL/transformers methods this trainer
 overrides or calls are listed in `PRIVATE_SEAMS`; a test checks their signatures against the installed TRL.
@@ -50,6 +52,7 @@ from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT, spre
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
+from agentic_grpo.positions import positions_from_mask
 from agentic_grpo.reward_setup import guard_rewards
 from agentic_grpo.rollout_metrics import rollout_metrics
 from agentic_grpo.rollout_parts import RolloutParts
@@ -365,6 +368,12 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         self.log_metrics({"tools/choice_probability": gathered.nanmean().item()}, mode="train")
         weight = self.experiments.choice_gradient_weight
         return loss + weight * term / self.current_gradient_accumulation_steps
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        """TRL's read of the trajectories (policy, old policy, reference, co-trained roles), with position ids
+        numbered from the attention mask, as generation numbers them."""
+        with positions_from_mask(model):
+            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
 
     def create_optimizer(self, model: Any = None) -> Any:
         """The Trainer's optimizer, with each co-trained sub-agent's adapter in parameter groups of its own (its
