@@ -25,6 +25,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from agentic_grpo.action_choices import ActionChoiceProcessor, choice_mask
+from agentic_grpo.dropout import dropout_active
 from agentic_grpo.formats import ActionChoices
 from agentic_grpo.kv_reuse import ContextCache, generate_reusing, why_not_reusable
 
@@ -61,11 +62,13 @@ class GenerationBackend(Protocol):
 class TransformersBackend:
     """HF `generate` on a model held in this process (evaluation, scripts).
 
-    `reuse_cache=False` reads every context whole on every call, as before `agentic_grpo.kv_reuse` (the
-    reference its tests compare against). With it on, a model or config whose cache cannot be reused
+    `reuse_cache=False` reads every context whole on every call (the reference `agentic_grpo.kv_reuse`'s
+    tests compare against). With it on, a model or config whose cache cannot be reused
     (sliding-window or recurrent layers, a static cache, a repetition penalty) falls back to that, logged once.
     `shrink_batch=False` keeps every row in the batch until the last one stops, as `generate` does (with kept
-    keys and values only; `agentic_grpo.shrinking_batch`).
+    keys and values only; `agentic_grpo.shrinking_batch`). With both on (the default), each generation carries
+    its tokens' sampling log-probs (`Generation.logprobs`), which the sampler-trainer canary compares with
+    the trainer's.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class TransformersBackend:
         self._contexts = ContextCache()
         self._in_session = False
         self._fallback_logged = False
+        self.dropout_while_sampling = 0
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -127,14 +131,17 @@ class TransformersBackend:
             extra["logits_processor"] = LogitsProcessorList(
                 [ActionChoiceProcessor(choice_mask(self.tokenizer, choices), assigned if config.do_sample else None)]
             )
+        logprobs: list[list[float]] = []  # filled where the decoding loop is ours (`sample_shrinking`)
         with self._generating_model() as model:
+            # The most modules that drew dropout masks while sampling since the canary last read it (its diagnosis).
+            self.dropout_while_sampling = max(self.dropout_while_sampling, dropout_active(model))
             reason = why_not_reusable(model, config) if self.reuse_cache else None
             if self.reuse_cache and reason is None:
                 if not self._in_session:
                     self._contexts.clear()
                 try:
                     new_tokens = generate_reusing(
-                        model, batch, self._contexts, config, self.tokenizer, self.shrink_batch, **extra
+                        model, batch, self._contexts, config, self.tokenizer, self.shrink_batch, logprobs, **extra
                     )
                 finally:
                     if not self._in_session:
@@ -151,7 +158,11 @@ class TransformersBackend:
                     **extra,
                 )
                 new_tokens = output[:, width:].cpu().tolist()
-        return [cut_generation(ids, self.eos_token_ids, stop, self.tokenizer) for ids in new_tokens]
+        generations = [cut_generation(ids, self.eos_token_ids, stop, self.tokenizer) for ids in new_tokens]
+        if logprobs:
+            for generation, row in zip(generations, logprobs, strict=True):
+                generation.logprobs = row[: len(generation.token_ids)]
+        return generations
 
 
 class TrainerBackend(TransformersBackend):

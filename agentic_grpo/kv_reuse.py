@@ -186,13 +186,15 @@ def generate_reusing(
     generation_config: Any,
     tokenizer: Any,
     shrink: bool = True,
+    logprobs: list[list[float]] | None = None,
     **generate_kwargs: Any,
 ) -> list[list[int]]:
     """HF `generate` on `batch`, reading only what `store` does not hold; returns each row's new tokens
     (padded after its end, as `generate` returns them) and leaves in `store` what this call read and wrote.
 
     With `shrink`, rows leave the batch as they stop (`agentic_grpo.shrinking_batch`: same processors, stopping
-    and random numbers), except where the processes must decode in lockstep (ZeRO-3 or FSDP over several).
+    and random numbers), except where the processes must decode in lockstep (ZeRO-3 or FSDP over several);
+    then a `logprobs` list given is filled with each row's sampling log-probs (left empty otherwise).
     `generate_kwargs` go to `generate` as they are (a `logits_processor`, for one)."""
     pad_id = tokenizer.pad_token_id
     matches = store.match(batch)
@@ -213,8 +215,8 @@ def generate_reusing(
     shrinking = shrink and not needs_lockstep(model)
     if shrinking:
         generation_config, stopping = stop_string_criteria(generation_config, tokenizer)
-        custom = {"custom_generate": functools.partial(sample_shrinking, kv_cache=cache, on_stop=keep_stopped),
-                  "stopping_criteria": stopping}  # fmt: skip
+        loop = functools.partial(sample_shrinking, kv_cache=cache, on_stop=keep_stopped, logprobs=logprobs)
+        custom = {"custom_generate": loop, "stopping_criteria": stopping}
     output = model.generate(
         input_ids=input_ids,
         attention_mask=mask,

@@ -16,6 +16,10 @@ The random numbers are `generate`'s own. `torch.multinomial(p, 1)`, which `gener
 `argmax(p / E)` for exponential noise `E` drawn over the whole (batch, vocabulary); the loop draws `E` for
 the full batch every step, as `generate` does, and gives each live row its own row of it. A fixed seed
 then samples the same tokens as `generate` and leaves the generator in the same state after the call.
+
+The loop also records each sampled token's log-probability under the model's raw logits at the sampling
+temperature (before top-k, top-p or a constrained slot): the quantity the trainer computes for the same
+token, which the sampler-trainer canary compares it with (`agentic_grpo.canaries`).
 """
 
 from __future__ import annotations
@@ -41,12 +45,15 @@ def sample_shrinking(
     *,
     kv_cache: Any,
     on_stop: RowStop,
+    logprobs: list[list[float]] | None = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor:
     """`generate`'s sampling over `input_ids` (left-padded; `kv_cache` holds the keys and values of the first
     `kv_cache.get_seq_length()` columns), dropping each row from the batch once it stops.
 
-    Returns the sequences as `generate` does: the input, then each row's new tokens padded after its end.
+    Returns the sequences as `generate` does: the input, then each row's new tokens padded after its end. A
+    `logprobs` list given is filled with one list per row: each new token's log-probability under the raw
+    logits at the sampling temperature.
     """
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is None:  # `generate` drops a mask without padding
@@ -56,6 +63,8 @@ def sample_shrinking(
     held = kv_cache.get_seq_length()
     live = torch.arange(batch, device=input_ids.device)  # each live row's index in the caller's batch
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
+    new_logprobs: list[list[float]] = [[] for _ in range(batch)]
+    temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else 1.0
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = {cache_keyword(model): kv_cache}
     outputs = model(
@@ -66,7 +75,8 @@ def sample_shrinking(
         for processor in logits_processor:  # a processor that keeps per-row state learns which rows are live
             if hasattr(processor, "live_rows"):
                 processor.live_rows = live.tolist()
-        scores = logits_processor(input_ids, outputs.logits[:, -1].to(dtype=torch.float32))
+        raw = outputs.logits[:, -1].to(dtype=torch.float32)
+        scores = logits_processor(input_ids, raw.clone())
         if generation_config.do_sample:
             probs = torch.nn.functional.softmax(scores, dim=-1)
             noise = torch.empty((batch, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
@@ -74,8 +84,10 @@ def sample_shrinking(
         else:
             next_tokens = scores.argmax(-1)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
-        for row, token in zip(live.tolist(), next_tokens.tolist(), strict=True):
+        chosen = torch.log_softmax(raw / temperature, dim=-1).gather(-1, next_tokens[:, None]).squeeze(-1)
+        for row, token, logprob in zip(live.tolist(), next_tokens.tolist(), chosen.tolist(), strict=True):
             new_tokens[row].append(token)
+            new_logprobs[row].append(logprob)
         stopped = stopping_criteria(input_ids, scores)
         for index in stopped.nonzero().flatten().tolist():
             row = int(live[index])
@@ -103,6 +115,8 @@ def sample_shrinking(
             use_cache=True, logits_to_keep=1, **cache,
         )  # fmt: skip
 
+    if logprobs is not None:
+        logprobs.extend(new_logprobs)
     pad = getattr(generation_config, "_pad_token_tensor", None)
     pad_id = int(pad) if pad is not None else (generation_config.pad_token_id or 0)
     sequences = given.new_full((batch, width + max(map(len, new_tokens))), pad_id)
