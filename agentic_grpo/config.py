@@ -39,6 +39,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Credit and KL": ("advantage", "turn_lambda", "turn_gamma", "kl_control", "read_prompt_once", "beta"),
     "Sub-agents": ("subagents",),
     "Logging and outputs": ("save_trajectories_steps", "overwrite_output_dir", "wandb_mode", "bf16"),
+    "Canaries: checks that stop a silently wrong run": ("canary_logprob_limit",),
 }  # fmt: skip
 
 
@@ -57,6 +58,7 @@ class AgenticGRPOConfig(GRPOConfig):
     Credit and KL: `advantage`, `turn_lambda`, `turn_gamma`, `kl_control`, `read_prompt_once`.
     Sub-agents: `subagents`.
     Logging and outputs: `save_trajectories_steps`, `overwrite_output_dir`, `wandb_mode`.
+    Canaries: `canary_logprob_limit` (agentic_grpo.canaries).
 
     Every field of TRL's `GRPOConfig` is inherited (learning rate, `num_generations`, `beta`,
     `max_completion_length`, vLLM, logging, ...); `max_completion_length` is the token budget of the whole
@@ -186,6 +188,14 @@ class AgenticGRPOConfig(GRPOConfig):
         "upload later with `wandb sync`) or `disabled`. Default: the WANDB_MODE variable.",
     )  # fmt: skip
 
+    # --- canaries
+    canary_logprob_limit: float = _field(
+        0.1,
+        "Each training step compares every sampled token's log-prob as the sampler computed it with the "
+        "trainer's (`canary/logprob_diff/{mean,max,share_over_0.5}`); a mean difference over this many nats per "
+        "token stops the run, naming the likely causes (agentic_grpo.canaries). 0 turns the check off.",
+    )  # fmt: skip
+
     # --- experiments (agentic_grpo.experimental), out of `--help`
     experimental: dict | str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
 
@@ -216,6 +226,10 @@ class AgenticGRPOConfig(GRPOConfig):
             raise ValueError(f"turn_lambda must be >= 0, got {self.turn_lambda}")
         if self.on_reward_error not in ("raise", "none"):
             raise ValueError(f"on_reward_error must be `raise` or `none`, got `{self.on_reward_error}`")
+        if self.canary_logprob_limit < 0:
+            raise ValueError(
+                f"canary_logprob_limit must be >= 0 (0 turns the check off), got {self.canary_logprob_limit}"
+            )
         if self.wandb_mode not in (None, "online", "offline", "disabled"):
             raise ValueError(f"wandb_mode must be `online`, `offline` or `disabled`, got `{self.wandb_mode}`")
 

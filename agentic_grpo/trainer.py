@@ -22,7 +22,6 @@ overrides or calls are listed in `PRIVATE_SEAMS`; a test checks their signatures
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
@@ -37,10 +36,12 @@ from trl import GRPOTrainer
 
 from agentic_grpo.advantages import assign_turn_credit
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
+from agentic_grpo.canaries import CanaryError, likely_causes, logprob_agreement, sampler_disagreement
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.clipped import clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.data import with_row
+from agentic_grpo.dropout import dropout_off
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.experimental.choice_gradient import (
     choice_loss,
@@ -92,23 +93,6 @@ PRIVATE_SEAMS: dict[str, tuple[str, ...]] = {
     "Trainer._get_output_dir": ("self", "trial"),
     "GRPOTrainer._save_checkpoint": ("self", "model", "trial"),
 }
-
-
-@contextlib.contextmanager
-def dropout_off(model: torch.nn.Module) -> Any:
-    """Every module below `model` in eval mode (no dropout, functional attention dropout included) for the block.
-
-    `model.training` itself is left as it is: TRL and this trainer read it to tell a training step from an
-    evaluation (which metrics a value goes to, whether trajectories are saved).
-    """
-    modes = [(module, module.training) for module in model.modules()]
-    for module in model.children():
-        module.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
 
 
 def nan_if_none(value: float | None) -> float:
@@ -222,8 +206,37 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         self._advantages(inputs, rows, output)
         self._log_raw_reward_means(inputs)
         if self.model.training:
-            self._save_trajectories(inputs, outcome_advantages)
+            saved = self._save_trajectories(inputs, outcome_advantages)
+            self._check_sampler_agreement(output, saved)
         return output
+
+    def _check_sampler_agreement(self, output: dict[str, Any], trajectories: Any) -> None:
+        """The sampler-trainer canary (`agentic_grpo.canaries`): the trainer's log-probs of the sampled tokens,
+        dropout off as when sampling, against the sampler's; logged, and the run stops past the limit."""
+        limit, sampled = self.args.canary_logprob_limit, output.get("sampling_per_token_logps")
+        if not limit or sampled is None:
+            return
+        start = time.perf_counter()
+        scored = output.get("old_per_token_logps")  # TRL's own read, when it made one (dropout was off)
+        if scored is None:
+            ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            with torch.no_grad(), dropout_off(self.model):
+                scored = self._get_per_token_logps_and_entropies(
+                    self.model, ids, mask, output["completion_ids"].size(1), self.args.per_device_train_batch_size
+                )[0]
+        tokens = output["completion_mask"] * output.get("tool_mask", 1)
+        metrics = logprob_agreement(sampled, scored, tokens, self.accelerator.gather)
+        self.log_metrics({**metrics, "time/canary": time.perf_counter() - start})
+        backend = self.generation_backend
+        dropout, backend.dropout_while_sampling = getattr(backend, "dropout_while_sampling", 0), 0
+        if metrics and metrics["canary/logprob_diff/mean"] > limit:
+            found = likely_causes(
+                sampled, scored, tokens, output["prompt_mask"][:, 0] == 0, dropout,
+                getattr(getattr(backend, "generation_config", None), "temperature", None), self.temperature,
+            )  # fmt: skip
+            step, where = self.state.global_step + 1, str(trajectories) if trajectories else None
+            raise CanaryError(sampler_disagreement(metrics, limit, step, where, found))
 
     def generate_and_score(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """One generation of a training step, outside the training loop: `rows` (with a conversational `prompt`)

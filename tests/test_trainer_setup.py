@@ -222,6 +222,7 @@ def test_vllm_with_trls_default_importance_sampling_runs_on_the_sampling_logprob
     trainer.generation_backend = LogprobBackend(trainer.processing_class, SCRIPTS)
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
     trainer._last_loaded_step = trainer.state.global_step
+    trainer.args.canary_logprob_limit = 0  # the fake's log-probs are made up: the canary would stop the step
     trainer.model.train()  # a training step's generation
     output = trainer.generate_and_score(rows * 2)
     ratio = output["importance_sampling_ratio"]

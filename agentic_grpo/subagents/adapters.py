@@ -146,7 +146,8 @@ class _OnAdapter:
 
     def generate(self, batch: list[list[int]], stop: list[str], max_new_tokens: int, **kwargs: Any) -> list[Any]:
         generations = super().generate(batch, stop, max_new_tokens, **kwargs)  # type: ignore[misc]
-        if self.record_logprobs and any(g.token_ids for g in generations):
+        # The kept-cache decoding loop records them as it samples; a forward pass only where it did not run.
+        if self.record_logprobs and any(g.token_ids and g.logprobs is None for g in generations):
             self._add_logprobs(batch, generations)
         return generations
 

@@ -34,9 +34,10 @@ from typing import Any
 import torch
 from accelerate.utils import DistributedType, gather_object
 
+from agentic_grpo.canaries import CanaryError, likely_causes, logprob_agreement, sampler_disagreement
 from agentic_grpo.clipped import masked_loss_mask
 from agentic_grpo.subagents.adapters import adapter_active
-from agentic_grpo.subagents.role_loss import ChildSample, padded, role_loss
+from agentic_grpo.subagents.role_loss import ChildSample, completion_tensor, padded, role_loss
 from agentic_grpo.subagents.usage import descendants
 
 POLICY_ROLE = "policy"
@@ -118,6 +119,7 @@ def collect_samples(trajectories: list[Any], roles: list[Role], mask_truncated: 
             if role is None or not any(mask):
                 continue
             sample = ChildSample(role.name, child.prompt_ids, child.completion_ids, mask, float(root.reward))
+            sample.sampling_logps = child.completion_logprobs
             mine.append(sample)
             children[role.name].append((sample, child))
         samples.append(mine)
@@ -255,7 +257,44 @@ class CoTraining:
         needs_old = trainer.args.gradient_accumulation_steps % generate_every != 0
         if needs_old or trainer.beta != 0.0:
             self._add_logprobs([s for row in samples for s in row], needs_old)
+        if mode == "train" and trainer.args.canary_logprob_limit:
+            self._check_sampler_agreement([s for row in samples for s in row])
         return samples
+
+    @torch.no_grad()
+    def _check_sampler_agreement(self, samples: list[ChildSample]) -> None:
+        """The sampler-trainer canary (`agentic_grpo.canaries`) for each role's children: the role's log-probs of
+        its sampled tokens, under its adapter, against its sampler's. Co-training runs in one process, so the
+        figures are this process's."""
+        trainer, limit = self.trainer, self.trainer.args.canary_logprob_limit
+        agents = {agent.name: agent for agent in trainer.rollout_parts.agents}
+        for role in self.roles:
+            mine = [s for s in samples if s.role == role.name and s.sampling_logps is not None]
+            if not mine:
+                continue
+            if all(s.old_logps is not None for s in mine):
+                scored_rows = [s.old_logps for s in mine]
+            else:
+                with adapter_active(self.peft_model(), role.adapter):
+                    scored_rows = self._logps(mine)
+            width = max(len(s.completion_ids) for s in mine)
+            sampled = completion_tensor(mine, "sampling_logps", width, "cpu")
+            scored = torch.zeros_like(sampled)
+            for i, row in enumerate(scored_rows):
+                scored[i, : len(row)] = torch.tensor(row)
+            mask = completion_tensor(mine, "loss_mask", width, "cpu")
+            metrics = logprob_agreement(sampled, scored, mask, lambda t: t)
+            trainer.log_metrics({key.replace("canary/", f"canary/{role.name}/"): v for key, v in metrics.items()})
+            if metrics and metrics["canary/logprob_diff/mean"] > limit:
+                source = getattr(agents.get(role.name), "source", None)
+                temperature = getattr(source, "temperature", None)
+                longest = max(len(s.prompt_ids) for s in mine)
+                padded = torch.tensor([len(s.prompt_ids) < longest for s in mine])
+                found = likely_causes(sampled, scored, mask, padded, 0, temperature, trainer.temperature)
+                step = trainer.state.global_step + 1
+                raise CanaryError(
+                    sampler_disagreement(metrics, limit, step, None, found, who=f" of sub-agent `{role.name}`")
+                )
 
     @torch.no_grad()
     def _add_logprobs(self, samples: list[ChildSample], old: bool) -> None:

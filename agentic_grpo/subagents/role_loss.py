@@ -38,6 +38,8 @@ class ChildSample:
     """The role's trainable tokens in the whole generation batch, over every process (the `dapo` normalizer)."""
     old_logps: list[float] | None = None
     ref_logps: list[float] | None = None
+    sampling_logps: list[float] | None = None
+    """The sampler's log-prob of each completion token (0.0 on tool tokens), for the sampler-trainer canary."""
 
 
 def padded(samples: list[ChildSample], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor, int]:

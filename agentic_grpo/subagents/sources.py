@@ -42,8 +42,9 @@ class PolicySource:
         adapter: the adapter's name on the policy's PeftModel.
         adapter_path: a saved PEFT adapter to load under that name (None: a new adapter with the policy's LoRA config).
         temperature: None: the policy's own sampling settings; 0: greedy; otherwise sampling at this temperature.
-        sampling_logprobs: record each child token's sampling log-prob in its segments (one forward pass more
-            per child turn), for a trainer of sub-agents; HF `generate` reports none by itself.
+        sampling_logprobs: record each child token's sampling log-prob in its segments also where HF `generate`
+            runs its own loop, which reports none (one forward pass more per child turn); the kept-cache loop
+            records them anyway.
     """
 
     def __init__(

@@ -100,8 +100,9 @@ class SubAgentConfig:
     )
     sampling_logprobs: bool = field(
         default=False,
-        metadata={"help": "With `model: policy`: keep each token's sampling log-prob in the sub-agent's trajectory "
-                  "(one forward pass more per turn), for a trainer of sub-agents."},
+        metadata={"help": "With `model: policy`: each token's sampling log-prob in the sub-agent's trajectory even "
+                  "where generation reads whole contexts (a repetition penalty, sliding-window layers), at one "
+                  "forward pass more per turn; the default decoding loop records them at no cost."},
     )  # fmt: skip
     row_columns: list[str] = field(
         default_factory=list,

@@ -1,0 +1,128 @@
+"""The sampler-trainer canary: every training step compares the sampler's log-prob of each sampled token with
+the trainer's, and stops the run past `canary_logprob_limit`, naming what it found.
+
+Real tiny models generate for real (HF generate through the kept-cache, shrinking-batch loop that records the
+sampling log-probs); each planted bug re-introduces one that once trained silently wrong: dropout on while
+sampling (#44 item 1), a sampling temperature other than the trainer's (item 5), positions numbered differently
+by sampler and trainer on an absolute-position model (item 8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from peft import LoraConfig
+
+from agentic_grpo import trainer as trainer_module
+from agentic_grpo.canaries import CanaryError
+from tests.helpers import build_trainer
+from tests.test_positions import gpt2_dir  # noqa: F401 - the fixture
+
+# A random adapter (not PEFT's zero B), scaled up: its dropout changes the output from the first step.
+LORA = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], lora_dropout=0.3, init_lora_weights=False)
+QUESTIONS = ["What is 12 * 34?", "Multiply 120 by 7 and then add 3, please."]  # two prompt lengths: left padding
+
+
+def rows_for(trainer_format) -> list[dict]:
+    return [
+        {"prompt": trainer_format.prompt_messages(q), "question": q, "answer": "1"}
+        for q in QUESTIONS
+        for _ in range(2)
+    ]
+
+
+def zero(trajectory, **_):
+    return [0.0] * len(trajectory)
+
+
+def canary_trainer(model_dir, tmp_path, rows=None, **config):
+    built = build_trainer(
+        model_dir, tmp_path, [zero], rows or [{"prompt": "x", "question": "x", "answer": "1"}],
+        environment="agentic_grpo.tools.calculator:Calculator", num_generations=2, per_device_train_batch_size=4,
+        max_turns=2, max_tokens_per_turn=12, max_completion_length=64, save_trajectories_steps=1, **config,
+    )  # fmt: skip
+    with torch.no_grad():  # sharper: a random model's near-uniform next-token logits hide what a trained one shows
+        built.model.get_output_embeddings().weight.mul_(8)
+    torch.manual_seed(0)
+    return built
+
+
+def test_a_healthy_step_logs_agreement_to_rounding(tiny_model_dir, tmp_path):
+    trainer = canary_trainer(tiny_model_dir, tmp_path, peft_config=LORA)
+    trainer.generate_and_score(rows_for(trainer.trajectory_format))
+    logged = trainer._metrics["train"]
+    assert logged["canary/logprob_diff/mean"][-1] < 1e-4 and logged["canary/logprob_diff/max"][-1] < 1e-3
+    assert logged["canary/logprob_diff/share_over_0.5"][-1] == 0.0
+
+
+def test_dropout_on_while_sampling_stops_the_run_and_is_named(tiny_model_dir, tmp_path):
+    trainer = canary_trainer(tiny_model_dir, tmp_path, peft_config=LORA)
+    backend = trainer.generation_backend
+    generating = backend._generating_model
+
+    @contextlib.contextmanager
+    def dropout_back_on():  # what a sub-agent call did to every later turn of the policy (`model.train(True)`)
+        with generating() as model:
+            model.train(True)
+            yield model
+
+    backend._generating_model = dropout_back_on
+    with pytest.raises(CanaryError, match=r"(?s)dropout was on while sampling \(\d+ dropout modules") as caught:
+        trainer.generate_and_score(rows_for(trainer.trajectory_format))
+    assert "trajectories are in" in str(caught.value) and (tmp_path / "trajectories").is_dir()
+
+
+def test_a_sampling_temperature_other_than_the_trainers_is_named(tiny_model_dir, tmp_path):
+    trainer = canary_trainer(tiny_model_dir, tmp_path, temperature=1.0)
+    trainer.generation_backend.generation_config.temperature = 0.3  # sampled at 0.3, trained at 1.0
+    with pytest.raises(CanaryError, match="sampler sampled at temperature 0.3 and the trainer scores at 1.0"):
+        trainer.generate_and_score(rows_for(trainer.trajectory_format))
+
+
+def test_positions_numbered_differently_on_an_absolute_position_model_are_named(gpt2_dir, tmp_path, monkeypatch):  # noqa: F811
+    trainer = canary_trainer(gpt2_dir, tmp_path)
+    with torch.no_grad():  # learned positions that matter, as a trained GPT-2's do
+        trainer.model.transformer.wpe.weight.mul_(4)
+    trainer.generate_and_score(rows_for(trainer.trajectory_format))  # with the trainer's own positions: agrees
+    assert trainer._metrics["train"]["canary/logprob_diff/mean"][-1] < 1e-4
+    monkeypatch.setattr(trainer_module, "positions_from_mask", lambda model: contextlib.nullcontext())
+    with pytest.raises(CanaryError, match="left-padded rows disagree"):
+        trainer.generate_and_score(rows_for(trainer.trajectory_format))
+
+
+def test_the_check_stops_a_real_training_run_and_can_be_turned_off(tiny_model_dir, tmp_path):
+    from agentic_grpo.formats import load_format
+    from agentic_grpo.tools.calculator import Calculator
+
+    rows = rows_for(load_format("react", Calculator.tool_schemas()))
+    trainer = canary_trainer(tiny_model_dir, tmp_path, rows, stepped_by_hand=False, max_steps=1, temperature=1.0)
+    trainer.generation_backend.generation_config.temperature = 0.5
+    with pytest.raises(CanaryError, match="at step 1 "):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    trainer.args.canary_logprob_limit = 0
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_a_cotrained_subagent_sampled_at_its_own_temperature_is_named(tiny_model_dir, tmp_path):
+    """#44 item 5 planted: a trained sub-agent sampled at 0.3 while its role loss scores at the run's 1.0 (the
+    start-up refusal of its own `temperature` bypassed)."""
+    from tests.test_cotraining import helper, make_trainer
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, helper())
+    with torch.no_grad():
+        trainer.model.get_output_embeddings().weight.mul_(8)
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} * 7?"}], "question": f"What is {a} * 7?"}
+            for a in (100, 101)]  # fmt: skip
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    torch.manual_seed(0)
+    trainer.generate_and_score(rows * 2)  # honest: the role's children agree with its sampler
+    assert trainer._metrics["train"]["canary/helper/logprob_diff/mean"][-1] < 1e-4
+    [agent] = trainer.rollout_parts.agents
+    agent.source.temperature = 0.3
+    with pytest.raises(CanaryError, match=r"(?s)of sub-agent `helper`.*sampler sampled at temperature 0.3"):
+        trainer.generate_and_score(rows * 2)
