@@ -98,7 +98,7 @@ class RolloutManager:
         self.limits = limits
         self.sandbox_pool = sandbox_pool
         self.agents = {agent.name: agent for agent in agents}
-        self._wrapper = user_turn_wrapper(tokenizer)
+        self.user_turn = user_turn_wrapper(tokenizer)
         self._executor: ThreadPoolExecutor | None = None
 
     def rollout(
@@ -115,7 +115,7 @@ class RolloutManager:
         if first_actions is not None and getattr(self.format, "action_choices", None) is None:
             raise ValueError("`first_actions` hold an action slot, and this format constrains none")
         stats = RolloutStats()
-        trajectories = [self._start(prompt) for prompt in prompts]
+        trajectories = [self.start(prompt) for prompt in prompts]
         first = first_actions
         environments: list[tuple[ToolEnvironment, Any]] = []
         # A backend that keeps each trajectory's keys and values does so for this rollout only.
@@ -155,7 +155,8 @@ class RolloutManager:
         if failure is not None:
             raise failure
 
-    def _start(self, prompt: Any) -> Trajectory:
+    def start(self, prompt: Any) -> Trajectory:
+        """A trajectory holding only `prompt` (a chat or a string), tokenized as generation continues it."""
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         else:
@@ -262,7 +263,7 @@ class RolloutManager:
                 trajectory.tool_calls.append((call, result))
             else:
                 result = ToolResult(output=f"Error: {call.reason}.", error=call.reason)
-            text, ids = self._observation(result, stop_reason, trajectory.segments[-1].token_ids[-1:])
+            text, ids = self.observation(result, stop_reason, trajectory.segments[-1].token_ids[-1:])
             if len(trajectory.completion_ids) + len(ids) >= self.limits.max_completion_tokens:
                 trajectory.finish_reason = "length"
                 continue
@@ -276,7 +277,9 @@ class RolloutManager:
         for fact, amount in environment.take_payments():
             trajectory.pay(trajectory.turns - 1, fact, amount)
 
-    def _observation(self, result: ToolResult, stop_reason: str, last_ids: list[int]) -> tuple[str, list[int]]:
+    def observation(self, result: ToolResult, stop_reason: str, last_ids: list[int]) -> tuple[str, list[int]]:
+        """The text and token ids that show `result` after a model turn that ended on `stop_reason`, whose last
+        token is `last_ids`."""
         body = self.format.render_observation(result, after_stop=stop_reason == "stop")
         if stop_reason != "eos":
             return body, encode_untrusted(self.tokenizer, body)
@@ -284,7 +287,7 @@ class RolloutManager:
         # next assistant turn is opened, with the template's own markers. The template's
         # end-of-turn text is dropped when the model's own EOS token already wrote it,
         # whichever of the model's EOS ids that was.
-        prefix, suffix = self._wrapper
+        prefix, suffix = self.user_turn
         ended_with = self.tokenizer.decode(last_ids)
         if ended_with and prefix.startswith(ended_with):
             prefix = prefix[len(ended_with) :]
