@@ -8,7 +8,7 @@ checks make them loud:
 
 - **Sampler-trainer agreement, every training step** (`logprob_agreement`): each sampled token's log-prob as
   the sampler computed it against the trainer's for the same token (both at their temperatures, dropout
-  off). Logged as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over `canary_logprob_limit` stops
+  off), on a few rows the trainer reads for it (`rows_to_read`) or on all where TRL read them anyway. Logged as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over `canary_logprob_limit` stops
   the run, naming the likely causes.
 - **Token round-trip, at start-up** (`agentic_grpo.token_round_trip`).
 - **Resume, at the first step of a resumed run** (`agentic_grpo.resume_canary`).
@@ -16,9 +16,13 @@ checks make them loud:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
+
+from agentic_grpo.dropout import dropout_off
 
 TOKEN_LIMIT = 0.5
 """Nats: a token whose sampler and trainer log-probs differ by more counts in `share_over_0.5`."""
@@ -31,6 +35,20 @@ LIKELY_CAUSES = (
     "kept keys and values that do not match the context (`agentic_grpo.kv_reuse`)",
     "vLLM weights that were not synced after the last optimizer step",
 )
+
+
+ROWS_READ = 4
+"""The most rows the canary reads itself per step (one per distinct prompt, the first of its group): a sample, so
+the check costs a fraction of a step; where TRL read the rows anyway (`old_per_token_logps`), all are compared."""
+
+
+def rows_to_read(prompt_ids: torch.Tensor) -> torch.Tensor:
+    """The index of the first row of each distinct prompt, in order, at most `ROWS_READ` of them."""
+    _, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    first: dict[int, int] = {}
+    for row, prompt in enumerate(inverse.tolist()):
+        first.setdefault(prompt, row)
+    return torch.tensor(sorted(first.values())[:ROWS_READ], device=prompt_ids.device)
 
 
 def logprob_agreement(
@@ -116,3 +134,36 @@ def sampler_disagreement(
         + f"\nCauses to look for:{causes}{where}\nIf the difference is expected (bf16 on a sharp model, vLLM in "
         "another precision), raise `canary_logprob_limit`; 0 turns the check off."
     )
+
+
+def check_sampler_agreement(trainer: Any, output: dict[str, Any], trajectories: Any) -> None:
+    """The sampler-trainer check of one training generation (`output`: TRL's batch): the trainer's log-probs of the
+    sampled tokens, dropout off as when sampling, against the sampler's; logged as `canary/logprob_diff/*` and
+    `time/canary`; past `canary_logprob_limit` it raises `CanaryError` (`trajectories`: where the step's are)."""
+    limit, sampled = trainer.args.canary_logprob_limit, output.get("sampling_per_token_logps")
+    if not limit or sampled is None:
+        return
+    start = time.perf_counter()
+    tokens = output["completion_mask"] * output.get("tool_mask", 1)
+    padded = output["prompt_mask"][:, 0] == 0
+    scored = output.get("old_per_token_logps")  # TRL's own read, when it made one (dropout was off)
+    if scored is None:  # a few rows, read as TRL's loss reads them (same padding), dropout off
+        rows = rows_to_read(output["prompt_ids"])
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)[rows]
+        mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)[rows]
+        with torch.no_grad(), dropout_off(trainer.model):
+            scored = trainer._get_per_token_logps_and_entropies(
+                trainer.model, ids, mask, output["completion_ids"].size(1), trainer.args.per_device_train_batch_size
+            )[0]
+        sampled, tokens, padded = sampled[rows], tokens[rows], padded[rows]
+    metrics = logprob_agreement(sampled, scored, tokens, trainer.accelerator.gather)
+    trainer.log_metrics({**metrics, "time/canary": time.perf_counter() - start})
+    backend = trainer.generation_backend
+    dropout, backend.dropout_while_sampling = getattr(backend, "dropout_while_sampling", 0), 0
+    if metrics and metrics["canary/logprob_diff/mean"] > limit:
+        found = likely_causes(
+            sampled, scored, tokens, padded, dropout,
+            getattr(getattr(backend, "generation_config", None), "temperature", None), trainer.temperature,
+        )  # fmt: skip
+        step, where = trainer.state.global_step + 1, str(trajectories) if trajectories else None
+        raise CanaryError(sampler_disagreement(metrics, limit, step, where, found))

@@ -36,7 +36,7 @@ from trl import GRPOTrainer
 
 from agentic_grpo.advantages import assign_turn_credit
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
-from agentic_grpo.canaries import CanaryError, likely_causes, logprob_agreement, sampler_disagreement
+from agentic_grpo.canaries import check_sampler_agreement
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.clipped import clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
@@ -54,6 +54,7 @@ from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.positions import positions_from_mask
+from agentic_grpo.resume_canary import ResumeCanary
 from agentic_grpo.reward_setup import guard_rewards
 from agentic_grpo.rollout_metrics import rollout_metrics
 from agentic_grpo.rollout_parts import RolloutParts
@@ -62,6 +63,7 @@ from agentic_grpo.run_parts import build_rollout_parts
 from agentic_grpo.selection import batch_selection_metrics
 from agentic_grpo.shared_prompt import ReadPromptOnce
 from agentic_grpo.subagents.usage import subagent_metrics
+from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_trainer_setup
 from agentic_grpo.trajectory import Trajectory
 from agentic_grpo.vllm_backend import VLLMBackend
@@ -99,7 +101,7 @@ def nan_if_none(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
+class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
     """GRPO on multi-turn tool-use trajectories.
 
     Args:
@@ -159,6 +161,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         if self.sandbox_pool is not None:  # slots and workspaces go with the trainer, or at exit
             weakref.finalize(self, self.sandbox_pool.close)
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
+        check_token_round_trip(self.rollout_manager, self.processing_class, self.eos_token_ids)  # a canary
         self.choice_tokens = None  # the first action slot's choices, for the experimental `choice_gradient_weight`
         if self.experiments.choice_gradient_weight:
             self.choice_tokens = choice_tokens(self.processing_class, slot)
@@ -180,6 +183,7 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of one batch of rows. The records of the step travel with `inputs`:
         TRL merges each row's `trajectory` into it, and `_calculate_rewards` writes the scores onto that."""
+        self.check_resume(inputs)  # the resume canary: before the rollout draws random numbers
         inputs = [dict(row) for row in inputs]  # TRL writes each row's trajectory into it: one dict per row
         rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
         for row, columns in zip(inputs, rows, strict=True):  # TRL hands `rollout_func` the prompts alone
@@ -207,36 +211,8 @@ class AgenticGRPOTrainer(AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
         self._log_raw_reward_means(inputs)
         if self.model.training:
             saved = self._save_trajectories(inputs, outcome_advantages)
-            self._check_sampler_agreement(output, saved)
+            check_sampler_agreement(self, output, saved)
         return output
-
-    def _check_sampler_agreement(self, output: dict[str, Any], trajectories: Any) -> None:
-        """The sampler-trainer canary (`agentic_grpo.canaries`): the trainer's log-probs of the sampled tokens,
-        dropout off as when sampling, against the sampler's; logged, and the run stops past the limit."""
-        limit, sampled = self.args.canary_logprob_limit, output.get("sampling_per_token_logps")
-        if not limit or sampled is None:
-            return
-        start = time.perf_counter()
-        scored = output.get("old_per_token_logps")  # TRL's own read, when it made one (dropout was off)
-        if scored is None:
-            ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-            mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-            with torch.no_grad(), dropout_off(self.model):
-                scored = self._get_per_token_logps_and_entropies(
-                    self.model, ids, mask, output["completion_ids"].size(1), self.args.per_device_train_batch_size
-                )[0]
-        tokens = output["completion_mask"] * output.get("tool_mask", 1)
-        metrics = logprob_agreement(sampled, scored, tokens, self.accelerator.gather)
-        self.log_metrics({**metrics, "time/canary": time.perf_counter() - start})
-        backend = self.generation_backend
-        dropout, backend.dropout_while_sampling = getattr(backend, "dropout_while_sampling", 0), 0
-        if metrics and metrics["canary/logprob_diff/mean"] > limit:
-            found = likely_causes(
-                sampled, scored, tokens, output["prompt_mask"][:, 0] == 0, dropout,
-                getattr(getattr(backend, "generation_config", None), "temperature", None), self.temperature,
-            )  # fmt: skip
-            step, where = self.state.global_step + 1, str(trajectories) if trajectories else None
-            raise CanaryError(sampler_disagreement(metrics, limit, step, where, found))
 
     def generate_and_score(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """One generation of a training step, outside the training loop: `rows` (with a conversational `prompt`)

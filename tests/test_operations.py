@@ -93,6 +93,8 @@ def test_resume_after_kill_9_continues_exactly_like_an_uninterrupted_run(recipe,
 
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
+    canary = json.loads((out / "run.json").read_text())["resume_canary"]  # checked at the resumed first step
+    assert canary["weights"] == "as the interrupted run", canary
     expected, resumed = metrics(reference), metrics(out)
     for step in range(last + 1, 4):
         assert sampled_tokens(out, step) == sampled_tokens(reference, step), f"step {step} sampled other tokens"
