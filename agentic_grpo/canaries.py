@@ -151,9 +151,10 @@ def check_sampler_agreement(trainer: Any, output: dict[str, Any], trajectories: 
         rows = rows_to_read(output["prompt_ids"])
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)[rows]
         mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)[rows]
+        # One forward for the few rows on every process: sharded engines (ZeRO-3, FSDP) need the same count.
         with torch.no_grad(), dropout_off(trainer.model):
             scored = trainer._get_per_token_logps_and_entropies(
-                trainer.model, ids, mask, output["completion_ids"].size(1), trainer.args.per_device_train_batch_size
+                trainer.model, ids, mask, output["completion_ids"].size(1), len(rows)
             )[0]
         sampled, tokens, padded = sampled[rows], tokens[rows], padded[rows]
     metrics = logprob_agreement(sampled, scored, tokens, trainer.accelerator.gather)
