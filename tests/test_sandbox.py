@@ -274,3 +274,30 @@ def test_the_sandbox_setting_takes_a_mode_or_a_mapping_and_names_a_misspelled_li
         AgenticGRPOConfig(output_dir="/tmp/unused", sandbox={"memory": 64})
     with pytest.raises(ValueError, match="sandbox mode must be one of"):
         AgenticGRPOConfig(output_dir="/tmp/unused", sandbox="docker")
+
+
+def test_slots_see_of_opt_only_an_interpreter_prefix_that_lives_there(monkeypatch, tmp_path):
+    """/opt holds training data (/opt/ml/input/data) and other installs: neither layer grants it, only /opt/conda-like
+    prefixes of the interpreter the slots run."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from agentic_grpo.sandbox import bwrap
+
+    try:
+        conda = Path(tempfile.mkdtemp(prefix="agentic-grpo-conda-", dir="/opt"))
+    except OSError as exc:
+        pytest.skip(f"cannot make a stand-in interpreter prefix under /opt: {exc.strerror}")
+    try:
+        for name in ("prefix", "base_prefix", "exec_prefix", "base_exec_prefix"):
+            monkeypatch.setattr(sys, name, str(conda))
+        argv = bwrap.bwrap_argv(SandboxConfig(), str(tmp_path), None, {}, ["true"])
+        bound = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--ro-bind", "--bind")]
+        launcher = bwrap.launcher_argv(str(tmp_path), None, {}, ["true"], seccomp_hex=None, landlock_require=[])
+        readable = json.loads(launcher[-1])["landlock"]["read"]
+        for granted in (bound, readable):
+            assert str(conda) in granted
+            assert not [p for p in granted if p == "/opt" or (p.startswith("/opt/") and p != str(conda))]
+    finally:
+        conda.rmdir()

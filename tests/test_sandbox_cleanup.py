@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentic_grpo.sandbox import SandboxConfig, SandboxPool, bwrap
-from agentic_grpo.sandbox.attacks_resources import DEEP_TREE_CODE
+from agentic_grpo.sandbox.attacks_resources import DEEP_TREE_CODE, READONLY_TREE_CODE
 from agentic_grpo.sandbox.reclaim import ipc_objects
 from agentic_grpo.sandbox.workspace import remove_tree
 from tests.helpers import ROOT, environment, run_process, run_python
@@ -42,6 +43,53 @@ def test_deep_tree_breaks_rmtree_but_not_remove_tree(tmp_path, capsys):
     # ...the iterative removal can, whatever rmtree left half-done.
     remove_tree(top)
     assert not top.exists()
+
+
+# Builds the readonly_tree_cleanup attack's tree in a new directory, then removes it with workspace.py alone.
+_REMOVE_AS_OWNER = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("workspace", sys.argv[1])
+workspace = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(workspace)
+os.mkdir(sys.argv[2])
+os.chdir(sys.argv[2])
+exec(sys.argv[3], {})
+os.chdir("/")
+workspace.remove_tree(sys.argv[2])
+"""
+
+
+def test_read_only_and_unreadable_directories_are_removed_without_root():
+    """Directories chmod-ed to 500 and 000 (the top one too) are made u+rwx and removed by their owner; links are
+    not followed.
+
+    Root removes them whatever their modes, so as root the tree is built and removed by uid 65534.
+    """
+    root = os.geteuid() == 0
+    python = "/usr/bin/python3" if root else sys.executable
+    if root and (not shutil.which("setpriv") or not os.access(python, os.X_OK)):
+        pytest.skip("needs setpriv and a system python3 to remove the tree as a user without root")
+    uid = 65534 if root else os.geteuid()
+    base = Path(tempfile.mkdtemp(prefix="agentic-grpo-readonly-"))  # not tmp_path: its parents are private
+    try:
+        shutil.copy(ROOT / "agentic_grpo" / "sandbox" / "workspace.py", base / "workspace.py")
+        outside = base / "outside"  # the links' target: owned by the remover, so following a link would change it
+        outside.mkdir()
+        (outside / "keep.txt").write_text("original")
+        if root:
+            for path in (base, outside, outside / "keep.txt"):
+                os.chown(path, uid, uid)
+        base.chmod(0o755)
+        outside.chmod(0o555)
+        top = base / "ws"
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if root else []
+        code = READONLY_TREE_CODE.format(outside=str(outside))
+        proc = run_process(*drop, python, "-I", "-c", _REMOVE_AS_OWNER, base / "workspace.py", top, code, cwd="/")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert not top.exists()
+        assert stat.S_IMODE(outside.stat().st_mode) == 0o555 and (outside / "keep.txt").read_text() == "original"
+    finally:
+        remove_tree(base)
 
 
 @ROOT_ONLY

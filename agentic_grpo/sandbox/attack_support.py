@@ -29,12 +29,15 @@ class AttackResult:
 
     `gap` is set when the attack did harm that the pool's report already lists as NOT bounded
     on this host (e.g. no disk quota without root): a documented limit, not a hidden hole.
+    `skipped` says why the attack could not be tried here (nowhere to plant its bait): no
+    harm was done, and none was looked for.
     """
 
     name: str
     blocked: bool
     detail: str
     gap: str = ""
+    skipped: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

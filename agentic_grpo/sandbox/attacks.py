@@ -11,18 +11,22 @@ and `attacks_resources` the second (keyrings, namespaces, IPC, memory, disk, CPU
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .attack_support import AttackResult, Context, run_code, still_growing, uid_processes
+from .attack_support import AttackResult, Context, last_json, run_code, still_growing, uid_processes
 from .attacks_ipc import sysv_ipc, unix_socket_by_path
 from .attacks_kernel import keyring_session, keyring_user_carryover, namespaces_and_uring, vsock_port_space
-from .attacks_resources import cpu_share, deep_tree_cleanup, disk_quota, memfd_memory
+from .attacks_resources import cpu_share, deep_tree_cleanup, disk_quota, memfd_memory, readonly_tree_cleanup
+from .bwrap import interpreter_paths
 from .pool import SandboxPool
 from .slot import SandboxSlot
+from .workspace import remove_tree
 
 
 def network_loopback(ctx: Context, slot: SandboxSlot) -> AttackResult:
@@ -100,6 +104,65 @@ def read_sibling(ctx: Context, slot: SandboxSlot) -> AttackResult:
     seen = any(os.path.basename(str(sibling.workspace)) in line for line in listings)
     blocked = ctx.secret not in result.stdout and not seen
     return AttackResult("read_sibling", blocked, result.stdout.strip()[-400:])
+
+
+def read_opt_data(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Training data where SageMaker puts it: a train.jsonl planted under /opt, read and /opt listed from the slot.
+
+    Skipped where /opt can neither take the bait (not writable) nor show anything to hide.
+    """
+    needed = {os.path.abspath(p) for p in [*interpreter_paths(), *ctx.pool.config.extra_ro_paths]}
+    granted = {p.split("/")[2] for p in needed if p.startswith("/opt/")}  # what slots may see of /opt
+    planted, why = None, ""
+    try:
+        planted = Path(tempfile.mkdtemp(prefix="agentic-grpo-attack-", dir="/opt"))
+    except OSError as exc:
+        why = f"cannot plant under /opt: {exc.strerror}"
+    try:
+        target = ""
+        if planted is not None:
+            data = planted / "ml" / "input" / "data"
+            data.mkdir(parents=True)
+            (data / "train.jsonl").write_text(json.dumps({"prompt": "What is the password?", "answer": ctx.secret}))
+            # Readable by every uid, so only the sandbox can stop the read.
+            for directory in (planted, planted / "ml", planted / "ml" / "input", data):
+                directory.chmod(0o755)
+            (data / "train.jsonl").chmod(0o644)
+            target = str(data / "train.jsonl")
+        try:
+            hidden = set(os.listdir("/opt")) - granted
+        except OSError:
+            hidden = set()
+        if not hidden:  # nothing planted (why says why) and nothing of the host's own to look for
+            return AttackResult("read_opt_data", True, why, skipped=f"{why}, and it shows nothing to hide")
+        result = run_code(
+            slot,
+            f"""
+            import json, os
+            out = {{}}
+            try:
+                out["listing"] = sorted(os.listdir("/opt"))
+            except OSError as exc:
+                out["listing"] = f"denied {{exc.errno}}"
+            if {target!r}:
+                try:
+                    out["read"] = open({target!r}).read()
+                except OSError as exc:
+                    out["read"] = f"denied {{exc.errno}}"
+            print(json.dumps(out))
+            """,
+        )
+    finally:
+        if planted is not None:
+            remove_tree(planted)
+    seen = last_json(result)
+    listing = seen.get("listing")
+    visible = sorted(hidden & set(listing)) if isinstance(listing, list) else []
+    leaked = ctx.secret in result.stdout + result.stderr
+    ran = "listing" in seen  # a program that never ran proves nothing
+    detail = f"planted={target or why!r} leaked={leaked} visible in /opt={visible[:5]} "
+    detail += f"code said {seen or result.stderr[-200:]}"
+    return AttackResult("read_opt_data", ran and not leaked and not visible, detail[:600])
 
 
 def read_trainer_environ(ctx: Context, slot: SandboxSlot) -> AttackResult:
@@ -308,6 +371,7 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         network_outside,
         read_shadow,
         read_sibling,
+        read_opt_data,
         read_trainer_environ,
         write_outside,
         symlink_escape,
@@ -327,6 +391,7 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         disk_quota,
         cpu_share,
         deep_tree_cleanup,
+        readonly_tree_cleanup,
     )
 }
 

@@ -1,4 +1,4 @@
-"""Attacks on resources: memory outside rlimits (memfd), disk and inodes, CPU share, and a tree that breaks cleanup.
+"""Attacks on resources: memory outside rlimits (memfd), disk and inodes, CPU share, and trees that break cleanup.
 
 Harm is measured on the host (bytes and entries in the workspace, processes in the slot's
 cpu group, whether the workspace is gone after release). Where the pool's report says a
@@ -9,11 +9,14 @@ returned as a documented `gap` rather than a pass.
 from __future__ import annotations
 
 import os
+import secrets
+import stat
 import threading
 import time
 
 from .attack_support import AttackResult, Context, last_json, run_code
 from .slot import SandboxSlot
+from .workspace import remove_tree
 
 
 def memfd_memory(ctx: Context, slot: SandboxSlot) -> AttackResult:
@@ -171,15 +174,60 @@ print("BUILT")
 def deep_tree_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:
     """A 3,000-deep tree and directories chmod-ed to 000: the host must still remove the workspace on release."""
     result = run_code(slot, DEEP_TREE_CODE.format(depth=3000), timeout=60)
+    built = "BUILT" in result.stdout
+    gone, detail = _released_and_gone(ctx, slot)
+    return AttackResult("deep_tree_cleanup", built and gone, f"built={built} {detail}")
+
+
+READONLY_TREE_CODE = """
+import os
+os.symlink({outside!r}, "to_outside")  # bait: a host directory without u+w
+for top, mode in (("readonly", 0o500), ("locked", 0o000), ("mixed", 0o500)):
+    os.makedirs(f"{{top}}/inner/leaf")
+    os.symlink({outside!r}, f"{{top}}/inner/to_outside")
+    for directory in (f"{{top}}/inner/leaf", f"{{top}}/inner", top):
+        for i in range(50):
+            with open(f"{{directory}}/{{i}}", "wb") as f:
+                f.write(b"x" * 4096)
+        os.chmod(directory, 0o000 if (top, directory) == ("mixed", "mixed/inner") else mode)
+os.chmod(".", 0o500)  # the workspace itself
+print("BUILT")
+"""
+
+
+def readonly_tree_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Directories chmod-ed to 500 and 000, the workspace too: release must remove them without root or links followed.
+
+    Root removes them whatever their modes; an unprivileged trainer needs write permission on
+    each directory first, so this is harm only where the pool runs without root. The links
+    point at a read-only host directory: a cleanup that followed one would chmod or empty it.
+    """
+    outside = ctx.decoy_dir / f"readonly-{secrets.token_hex(4)}"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("original")
+    outside.chmod(0o555)
+    try:
+        result = run_code(slot, READONLY_TREE_CODE.format(outside=str(outside)), timeout=60)
+        built = "BUILT" in result.stdout
+        gone, detail = _released_and_gone(ctx, slot)
+        untouched = stat.S_IMODE(os.lstat(outside).st_mode) == 0o555 and (outside / "keep.txt").exists()
+    finally:
+        outside.chmod(0o755)
+        remove_tree(outside)
+    detail = f"built={built} {detail} outside untouched={untouched} {result.stderr[-200:]}"
+    return AttackResult("readonly_tree_cleanup", built and gone and untouched, detail.strip())
+
+
+def _released_and_gone(ctx: Context, slot: SandboxSlot) -> tuple[bool, str]:
+    """Release the slot; whether its workspace is gone with no crash and no failure logged, and what happened."""
     workspace = slot.workspace
     before = ctx.pool.release_failures
     try:
         ctx.pool.release(slot)
         crashed = ""
-    except Exception as exc:  # noqa: BLE001 - the harm this attack looks for
+    except Exception as exc:  # noqa: BLE001 - the harm these attacks look for
         crashed = f"{type(exc).__name__}: {exc}"[:200]
     left = os.path.lexists(workspace)
     failed = ctx.pool.release_failures > before
-    blocked = "BUILT" in result.stdout and not left and not crashed and not failed
-    return AttackResult("deep_tree_cleanup", blocked, f"built={'BUILT' in result.stdout} release crashed={crashed!r} "
-                        f"workspace left={left} logged failure={failed}")  # fmt: skip
+    detail = f"release crashed={crashed!r} workspace left={left} logged failure={failed}"
+    return not left and not crashed and not failed, detail

@@ -35,7 +35,9 @@ ETC_FILES = (
     "/etc/python3",
     f"/etc/python3.{sys.version_info.minor}",
 )
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+# Read-only in every slot. Not /opt: training data (/opt/ml/input/data) and other installs live there; an
+# interpreter under it (/opt/conda) gets its own prefix from interpreter_paths, nothing else of /opt.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 NICE = 10  # CPU priority of sandboxed code when no cpu cgroup bounds it
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 

@@ -62,12 +62,15 @@ def check(args: argparse.Namespace) -> int:
         print(report.format())
         print(f"attack suite ({len(results)} attacks against the live configuration):")
         for r in results:
-            status = "blocked" if r.blocked else "GAP    " if r.gap else "HARMED "
-            first = r.detail.splitlines()[0][:100] if r.detail else ""
+            status = "skipped" if r.skipped else "blocked" if r.blocked else "GAP    " if r.gap else "HARMED "
+            first = r.skipped or (r.detail.splitlines()[0][:100] if r.detail else "")
             print(f"  {status}  {r.name:<26} {(r.gap + ': ') if r.gap else ''}{first}")
         verdict = f"{len(failed)} attack(s) did harm" if failed else "every attack was blocked"
         if gaps:
             verdict += f"; {len(gaps)} did harm this host documents as NOT bounded (see resource bounds)"
+        skipped = [r for r in results if r.skipped]
+        if skipped:
+            verdict += f"; {len(skipped)} could not be tried here"
         print("RESULT: " + verdict)
     return 1 if failed else 0
 

@@ -2,8 +2,10 @@
 
 Removal walks the tree iteratively through directory file descriptors, so depth (a tree
 deeper than PATH_MAX, or than Python's recursion limit), permissions the code took away
-(chmod 000) and immutable or append-only flags cannot crash or stop it, and it holds one
-directory descriptor at a time whatever the depth.
+(chmod 500 or 000: each directory is made u+rwx before its entries go, so no root is needed)
+and immutable or append-only flags cannot crash or stop it, and it holds one directory
+descriptor at a time whatever the depth. It never follows a link and never changes anything
+above the tree it was given.
 """
 
 from __future__ import annotations
@@ -130,12 +132,25 @@ def _unlink(name: str, dir_fd: int, is_dir: bool) -> None:
 
 
 def _open_dir(name: str, parent_fd: int) -> int:
+    """Open a directory of the tree (never through a link) and make it u+rwx, so its entries can be removed."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except PermissionError:
-        # chmod 000 by the code (matters when not root). lstat said directory; nothing runs in the slot now.
-        os.chmod(name, 0o700, dir_fd=parent_fd)
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        # Not readable (chmod 000 by the code): change its mode through a handle that needs no permission on it.
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        try:
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)  # fchmod refuses O_PATH handles; this is the same inode
+        finally:
+            os.close(handle)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    mode = os.fstat(fd).st_mode
+    if mode & 0o700 != 0o700:
+        # Read-only (chmod 500): without root, unlinking its entries needs write permission on it.
+        try:
+            os.fchmod(fd, stat.S_IMODE(mode) | 0o700)
+        except OSError:
+            pass  # not ours and no root: the removals below fail and say which entries stay
+    return fd
 
 
 def remove_tree(path: Path | str) -> None:
@@ -228,13 +243,8 @@ def _id(fd: int) -> tuple[int, int]:
 
 
 def _names(fd: int) -> list[str]:
-    try:
-        with os.scandir(fd) as entries:
-            return [entry.name for entry in entries]
-    except PermissionError:
-        os.fchmod(fd, 0o700)
-        with os.scandir(fd) as entries:
-            return [entry.name for entry in entries]
+    with os.scandir(fd) as entries:  # fd comes from _open_dir: readable
+        return [entry.name for entry in entries]
 
 
 def release_workspace(path: Path, mounted: bool) -> None:
