@@ -81,7 +81,8 @@ def test_checks_detect_harm_without_isolation():
     ctx = Context(pool)
     try:
         harmful = ["network_loopback", "write_outside", "read_sibling", "read_opt_data", "keyring_session",
-                   "keyring_user_carryover", "sysv_ipc", "unix_socket_by_path", "namespaces_and_uring",
+                   "keyring_user_carryover", "sysv_ipc", "unix_socket_by_path", "unix_socket_types",
+                   "unix_abstract_squat", "namespaces_and_uring",
                    "memfd_memory", "disk_quota", "cpu_share"]  # fmt: skip
         if _vsock_available():
             harmful.append("vsock_port_space")

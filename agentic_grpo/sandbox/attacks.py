@@ -20,9 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .attack_support import AttackResult, Context, last_json, run_code, still_growing, uid_processes
-from .attacks_ipc import sysv_ipc, unix_socket_by_path
+from .attacks_ipc import sysv_ipc, unix_abstract_squat, unix_socket_by_path, unix_socket_types
 from .attacks_kernel import keyring_session, keyring_user_carryover, namespaces_and_uring, vsock_port_space
-from .attacks_resources import cpu_share, deep_tree_cleanup, disk_quota, memfd_memory, readonly_tree_cleanup
+from .attacks_resources import (
+    cpu_share,
+    deep_tree_cleanup,
+    disk_quota,
+    launcher_cpu_cleanup,
+    launcher_nofile_cleanup,
+    memfd_memory,
+    readonly_tree_cleanup,
+)
 from .bwrap import interpreter_paths
 from .pool import SandboxPool
 from .slot import SandboxSlot
@@ -385,6 +393,8 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         keyring_user_carryover,
         sysv_ipc,
         unix_socket_by_path,
+        unix_socket_types,
+        unix_abstract_squat,
         vsock_port_space,
         namespaces_and_uring,
         memfd_memory,
@@ -392,6 +402,8 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         cpu_share,
         deep_tree_cleanup,
         readonly_tree_cleanup,
+        launcher_nofile_cleanup,
+        launcher_cpu_cleanup,
     )
 }
 

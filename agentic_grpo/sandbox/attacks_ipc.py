@@ -1,7 +1,9 @@
-"""Attacks through IPC the host shares: SysV shared memory and queues, POSIX queues, unix sockets by path.
+"""Attacks through IPC the host shares: SysV shared memory and queues, POSIX queues, unix sockets.
 
-The host plants a 0644 segment and listening sockets in a 0700 directory; harm is judged on
-the host: did the secret leak, did something connect, did an object outlive the slot.
+The host plants a 0644 segment, listening sockets in a 0700 directory, a world-writable
+datagram socket (like /dev/log) and abstract socket names of its own; harm is judged on the
+host: did the secret leak, did something connect or arrive, did an object outlive the slot,
+could the host still bind its own socket name.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import shutil
 import socket
 import tempfile
 import threading
+from pathlib import Path
 
 from .attack_support import AttackResult, Context, last_json, run_code
 from .reclaim import ipc_objects
@@ -201,6 +204,168 @@ def unix_socket_by_path(ctx: Context, slot: SandboxSlot) -> AttackResult:
         *(["stat through a 0700 directory"] if out.get("stat") == "STAT" and slot.uid is not None else []),
     ]
     return AttackResult("unix_socket_by_path", not harmed, f"harmed: {harmed} {out}")
+
+
+def unix_socket_types(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Every unix socket type against host sockets any uid may use (a 0777 socket in a 0711 directory).
+
+    SOCK_RAW is a datagram socket to the kernel, and a datagram socketpair sendto()s any address
+    too: each tries the host's datagram socket; SOCK_SEQPACKET tries the host's seqpacket listener.
+    """
+    directory = tempfile.mkdtemp(prefix="agentic-grpo-unix-")
+    os.chmod(directory, 0o711)  # searchable, not listable: only the sandbox stands in the way
+    dgram_path, seq_path = os.path.join(directory, "dgram"), os.path.join(directory, "seqpacket")
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram.bind(dgram_path)
+    dgram.settimeout(0.2)
+    seq = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    seq.bind(seq_path)
+    seq.listen(4)
+    seq.settimeout(0.5)
+    for path in (dgram_path, seq_path):
+        os.chmod(path, 0o777)
+    accepted: list[bool] = []
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: accepted.append(_accept_one(seq, done)))
+    thread.start()
+    try:
+        result = run_code(slot, f"""
+            import json, socket
+            out = {{}}
+            NB = getattr(socket, "SOCK_NONBLOCK", 0)
+            tries = (("raw", socket.SOCK_RAW), ("raw_nonblock", socket.SOCK_RAW | NB), ("dgram", socket.SOCK_DGRAM))
+            for label, kind in tries:
+                try:
+                    socket.socket(socket.AF_UNIX, kind).sendto(label.encode(), {dgram_path!r})
+                    out[label] = "SENT"
+                except OSError as exc:
+                    out[label] = exc.errno
+            for label, kind in (("pair_raw", socket.SOCK_RAW), ("pair_dgram", socket.SOCK_DGRAM)):
+                try:
+                    socket.socketpair(socket.AF_UNIX, kind)[0].sendto(label.encode(), {dgram_path!r})
+                    out[label] = "SENT"
+                except OSError as exc:
+                    out[label] = exc.errno
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.settimeout(1); s.connect({seq_path!r})
+                s.send(b"seqpacket")
+                out["seqpacket"] = "CONNECTED"
+            except OSError as exc:
+                out["seqpacket"] = exc.errno
+            print(json.dumps(out))
+            """)  # fmt: skip
+        done.set()
+        thread.join()
+        received = []
+        while True:
+            try:
+                received.append(dgram.recv(64).decode(errors="replace"))
+            except OSError:
+                break
+    finally:
+        dgram.close()
+        seq.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    out = last_json(result)
+    harmed = [
+        *([f"datagrams delivered: {received}"] if received else []),
+        *(["seqpacket connected"] if accepted[0] else []),
+    ]
+    ran = bool(out)  # a program that never ran proves nothing
+    detail = f"harmed: {harmed} {out or result.stderr[-300:]}"
+    return AttackResult("unix_socket_types", ran and not harmed, detail[:600])
+
+
+def unix_abstract_squat(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Take a host service's abstract socket name first: the service cannot bind, its clients reach the slot.
+
+    Abstract names belong to the network namespace, so only where the slot shares the host's
+    (the Landlock layer) could a bind squat one. The slot binds two names (a listening socket
+    and one end of a socketpair) and says so in a file; the host then binds and connects.
+    """
+    names = [f"\0agentic-grpo-squat-{secrets.token_hex(6)}".encode() for _ in range(2)]
+    for name in names:
+        try:
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.bind(name)  # the host itself can use abstract names here, before the slot tries
+            probe.close()
+        except OSError as exc:
+            return AttackResult(
+                "unix_abstract_squat", True, str(exc), skipped=f"host cannot bind abstract names: {exc}"
+            )
+    marker = slot.workspace / f"squat-{secrets.token_hex(4)}"
+    host: dict[str, str] = {}
+    done = threading.Event()
+    thread = threading.Thread(target=_host_service, args=(names, marker, done, host))
+    thread.start()
+    try:
+        result = run_code(slot, f"""
+            import json, os, socket, struct, time
+            out, keep = {{}}, []
+            for label, name in (("listen", {names[0]!r}), ("pair", {names[1]!r})):
+                try:
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) if label == "listen" else socket.socketpair()[0]
+                    s.bind(name)
+                    if label == "listen":
+                        s.listen(4)
+                        s.settimeout(0.05)
+                    keep.append((label, s))
+                    out[label] = "BOUND"
+                except OSError as exc:
+                    out[label] = exc.errno
+            with open({marker.name!r}, "w") as f:
+                f.write("ready")
+            deadline = time.monotonic() + 5
+            while keep and time.monotonic() < deadline and not os.path.exists({marker.name + ".done"!r}):
+                if keep[0][0] != "listen":
+                    time.sleep(0.05)
+                    continue
+                try:  # what a squatter learns of the host's client
+                    conn, _ = keep[0][1].accept()
+                    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+                    out["accepted"] = {{"pid": pid, "uid": uid}}
+                except OSError:
+                    pass
+            print(json.dumps(out))
+            """, timeout=20)  # fmt: skip
+    finally:
+        done.set()
+        thread.join()
+    out = last_json(result)
+    harmed = [f"{what}: {how}" for what, how in host.items() if how != "ok"]
+    ran = bool(out) and len(host) == 4  # the program ran and the host tried every name
+    detail = f"harmed: {harmed} slot said {out or result.stderr[-300:]} host={host}"
+    return AttackResult("unix_abstract_squat", ran and not harmed, detail[:600])
+
+
+def _host_service(names: list[bytes], marker: Path, done: threading.Event, host: dict[str, str]) -> None:
+    """Once the slot wrote `marker`: bind each name as a host service would, connect as its client would.
+
+    The slot holds its sockets until `marker`.done appears (or a few seconds pass).
+    """
+    while not marker.exists() and not done.wait(0.05):
+        pass
+    if not marker.exists():
+        return  # the program never got that far: nothing was tried
+    for index, name in enumerate(names):
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            server.bind(name)
+            host[f"host bind {index}"] = "ok"
+        except OSError as exc:
+            host[f"host bind {index}"] = f"failed: {exc.strerror}"
+        finally:
+            server.close()
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.settimeout(2)
+        try:
+            client.connect(name)
+            host[f"host client {index}"] = "reached the slot"
+        except OSError:
+            host[f"host client {index}"] = "ok"  # nobody listens under the name: the client is safe
+        finally:
+            client.close()
+    marker.with_name(marker.name + ".done").write_text("done")
 
 
 def _accept_one(server: socket.socket, done: threading.Event) -> bool:

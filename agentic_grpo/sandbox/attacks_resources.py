@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import stat
 import threading
 import time
@@ -231,3 +232,89 @@ def _released_and_gone(ctx: Context, slot: SandboxSlot) -> tuple[bool, str]:
     failed = ctx.pool.release_failures > before
     detail = f"release crashed={crashed!r} workspace left={left} logged failure={failed}"
     return not left and not crashed and not failed, detail
+
+
+_OUTLIVE_CODE = """
+import json, os, resource, subprocess, sys
+env = {{"PATH": "/usr/bin:/bin", "AGRPO_OUTLIVE": {marker!r}}}
+started = [
+    subprocess.Popen(["sleep", "600"], env=env, start_new_session=True).pid,  # a session of its own
+    subprocess.Popen(["sleep", "601"], env=env).pid,  # the code's own process group
+]
+print(json.dumps({{"started": started}}), flush=True)
+try:  # the launcher (our parent) runs as our uid: cripple its cleanup
+    resource.prlimit(os.getppid(), resource.{limit}, (0, 0))
+    print(json.dumps({{"started": started, "limited": True}}), flush=True)
+except OSError as exc:
+    print(json.dumps({{"started": started, "limited": str(exc)}}), flush=True)
+{wake}"""
+# A process's CPU clock is checked only while it runs: wake the launcher (it reaps every orphan
+# re-parented to it) until the kernel kills it, and us with it (our parent-death signal).
+_WAKE_LAUNCHER = """
+import time
+end = time.monotonic() + 3
+while time.monotonic() < end:
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+print(json.dumps({"started": started, "launcher_survived": True}), flush=True)
+"""
+
+
+def launcher_nofile_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Background processes (one in a new session, one in the code's group), then the launcher's RLIMIT_NOFILE set to 0.
+
+    A cleanup that opens /proc to find what is left crashes with EMFILE: harm is a crash in
+    the call's stderr or a background process still alive once the call returned.
+    """
+    return _outlive(ctx, slot, "launcher_nofile_cleanup", "RLIMIT_NOFILE", "")
+
+
+def launcher_cpu_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """The same background processes, then the launcher's RLIMIT_CPU set to 0: the kernel kills the launcher.
+
+    Nothing is left to clean up inside the slot, so the trainer must sweep the slot when its
+    launcher dies: harm is a background process still alive once the call returned.
+    """
+    return _outlive(ctx, slot, "launcher_cpu_cleanup", "RLIMIT_CPU", _WAKE_LAUNCHER)
+
+
+def _outlive(ctx: Context, slot: SandboxSlot, name: str, limit: str, wake: str) -> AttackResult:
+    marker = f"agrpo-outlive-{secrets.token_hex(6)}"
+    result = run_code(slot, _OUTLIVE_CODE.format(marker=marker, limit=limit, wake=wake), timeout=20)
+    said = last_json(result)
+    left = _marked_processes(marker)
+    for pid in left:  # the attack's own leftovers: never let them run on
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    crashed = "Traceback" in result.stderr
+    started = len(said.get("started", []))
+    detail = f"started={started} limited={said.get('limited')!r} launcher survived={said.get('launcher_survived')} "
+    detail += f"alive after the call={left} "
+    detail += f"cleanup crashed={crashed} exit={result.exit_code} {result.stderr[-300:]}"
+    if started < 2:  # the program never got as far as its background processes: nothing was tried
+        return AttackResult(name, True, detail.strip(), skipped=f"no background process started: {detail}"[:300])
+    return AttackResult(name, not left and not crashed, detail.strip())
+
+
+def _marked_processes(marker: str) -> list[int]:
+    """Host pids whose environment carries `marker`, once SIGKILLed ones had a moment to be reaped."""
+    needle = marker.encode()
+    for _ in range(20):
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        if needle in f.read():
+                            found.append(int(entry))
+                except OSError:
+                    pass
+        if not found:
+            return []
+        time.sleep(0.1)
+    return found

@@ -165,10 +165,12 @@ def launcher_argv(
     landlock_require: list[str] | None,
     nice: int = 0,
     extra_ro_paths: list[str] | None = None,
+    report_fd: int | None = None,
 ) -> list[str]:
     """The launcher (as the slot uid when root) with rlimits and a priority; Landlock and seccomp when given.
 
     landlock_require: None for no Landlock (unsafe-local), else the features it must enforce.
+    report_fd: an inherited pipe the launcher writes the code's process group to (see `Spawner.sweep`).
     """
     spec: dict = {"argv": list(command), "cwd": workspace, "env": environment(workspace), "rlimits": limits}
     if nice:
@@ -178,5 +180,7 @@ def launcher_argv(
         spec["landlock"] = {"read": read, "write": [workspace], "devices": list(DEVICES), "require": landlock_require}
     if seccomp_hex:
         spec["seccomp"] = seccomp_hex
+    if report_fd is not None:
+        spec["report_fd"] = report_fd
     argv = setpriv_argv(uid) if uid is not None else []
     return argv + [sys.executable, "-I", "-S", LAUNCHER, json.dumps(spec)]

@@ -5,7 +5,11 @@ starts this script instead (`python -I -S launcher.py SPEC_JSON`), which, single
 becomes a child subreaper (orphans and setsid grandchildren re-parent to it), forks the
 command with rlimits, a new session, a lower CPU priority, Landlock and seccomp applied, waits for it, and then
 kills every descendant that is left, so nothing outlives a call. On SIGTERM (the trainer's
-wall timeout) it does the same cleanup. Standard library only: it runs without `site`.
+wall timeout) it does the same cleanup. The code runs as the launcher's uid and may lower the
+launcher's rlimits (prlimit): cleanup opens no file (the children list is opened before the
+fork) and kills the code's process group first; if the launcher itself is killed (RLIMIT_CPU 0),
+the trainer kills that group (the pid written to `report_fd`) and the slot's uid and cgroup.
+Standard library only: it runs without `site`.
 """
 
 from __future__ import annotations
@@ -38,31 +42,66 @@ def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
     raise _Stop
 
 
-def _children() -> list[int]:
+def _open_children() -> int | None:
+    """Our children list, opened once before the code runs: the code may set our RLIMIT_NOFILE to 0 (prlimit).
+
+    With no descriptor to spare no file can be opened afterwards, so cleanup re-reads this one.
+    """
     pid = os.getpid()
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
+        return os.open(f"/proc/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        # No CONFIG_PROC_CHILDREN: scan /proc for processes whose parent is us.
-        found = []
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open(f"/proc/{name}/stat") as f:
-                        stat = f.read()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(name))
-        return found
+        return None
 
 
-def _reap_all() -> None:
-    """Kill every descendant: killing a child re-parents its own children to us, so loop until none is left."""
+def _children(fd: int | None) -> list[int]:
+    if fd is not None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+        return [int(x) for x in data.split()]
+    # No CONFIG_PROC_CHILDREN: scan /proc for processes whose parent is us.
+    pid = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(name))
+    return found
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL a process group (needs no file descriptor, unlike finding our children)."""
+    if pgid > 0:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _reap_all(children_fd: int | None, group: int) -> None:
+    """Kill every descendant: killing a child re-parents its own children to us, so loop until none is left.
+
+    First the code's process group (its session leader's), which needs no file descriptor; then
+    whatever left that group, found in our children list. Never raises.
+    """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    _kill_group(group)
     for _ in range(10000):
-        children = _children()
+        try:
+            children = _children(children_fd)
+        except (OSError, ValueError) as exc:
+            # Only the /proc scan can fail so (no descriptor left): what left the code's group stays.
+            _kill_group(group)
+            os.write(2, f"sandbox: cleanup cannot list the leftover processes: {exc}\n".encode())
+            return
         for child in children:
             try:
                 os.kill(child, signal.SIGKILL)
@@ -115,19 +154,33 @@ def main() -> None:
     landlock.set_parent_death_signal(signal.SIGTERM)  # trainer gone: clean up and leave
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
-    status = None
+    children_fd = _open_children()
+    report_fd = spec.get("report_fd")
+    if report_fd is not None:
+        os.set_inheritable(report_fd, False)  # the code must not hold the trainer's pipe
+    status, pid = None, 0
     try:
         pid = os.fork()
         if pid == 0:
             _child(spec)
+        if report_fd is not None:
+            # The code's process group, for the trainer to kill should this launcher be killed.
+            try:
+                os.write(report_fd, f"{pid}\n".encode())
+            finally:
+                os.close(report_fd)
         while True:
-            reaped, status = os.waitpid(-1, 0)
-            if reaped == pid:
+            # WNOWAIT: the exited child stays a zombie, so its pid (its group's id) cannot be reused yet.
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+            if info.si_pid == pid:
                 break
+            os.waitpid(info.si_pid, 0)  # an orphan re-parented to us
+        _kill_group(pid)
+        status = os.waitpid(pid, 0)[1]
     except _Stop:
         status = None
     finally:
-        _reap_all()
+        _reap_all(children_fd, pid)
     if status is None:
         os._exit(137)
     if os.WIFSIGNALED(status):

@@ -13,8 +13,12 @@ from a file descriptor (`--seccomp FD`). Refused with EPERM unless noted:
 - io_uring, userfaultfd, bpf, perf_event_open, file handles (open_by_handle_at escapes),
   memfd_secret, and memfd_create when no memory cgroup charges its pages;
 - sockets outside an allow-list of address families (AF_VSOCK's port space is the host's);
-  on the Landlock layer also connect() and datagram unix sockets, which reach host unix
-  sockets by path (Landlock does not mediate them);
+  on the Landlock layer, whose slots share the host's network namespace, also
+  connect(), bind() and every unix socket but a stream one (see `build`);
+- prlimit64 on any process but the caller (pid 0, which setrlimit and the `prlimit` command use):
+  without root a slot shares the uid of its launcher and of the trainer, and could lower their
+  limits (an open-file limit of 0 breaks the launcher's cleanup, a CPU limit of 0 kills it and
+  leaves the code's background processes behind; a file-size limit of 0 breaks the trainer's writes);
 - syscalls of a foreign ABI (i386 on x86_64) kill the process; x32 ones are refused.
 """
 
@@ -30,11 +34,13 @@ _NR = {
     "x86_64": {
         "arch": 0xC000003E,
         "socket": 41,
+        "bind": 49,
         "socketpair": 53,
         "connect": 42,
         "clone": 56,
         "clone3": 435,
         "memfd_create": 319,
+        "prlimit64": 302,
         "deny": {
             "open_by_handle_at": 304, "name_to_handle_at": 303, "bpf": 321, "perf_event_open": 298,
             "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249, "io_uring_setup": 425,
@@ -47,11 +53,13 @@ _NR = {
     "aarch64": {
         "arch": 0xC00000B7,
         "socket": 198,
+        "bind": 200,
         "socketpair": 199,
         "connect": 203,
         "clone": 220,
         "clone3": 435,
         "memfd_create": 279,
+        "prlimit64": 261,
         "deny": {
             "open_by_handle_at": 265, "name_to_handle_at": 264, "bpf": 280, "perf_event_open": 241,
             "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218, "io_uring_setup": 425,
@@ -64,7 +72,7 @@ _NR = {
 }  # fmt: skip
 
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
-SOCK_DGRAM = 2
+SOCK_STREAM, SOCK_SEQPACKET = 1, 5
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 CLONE_NEW_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 BWRAP_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)  # inet/netlink are confined by the network namespace
@@ -112,7 +120,25 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -
     Args:
         families: socket address families socket() may create; any other answers EAFNOSUPPORT.
         allow_memfd: let memfd_create through (only when a memory cgroup charges its pages).
-        deny_connect: refuse connect() and datagram unix sockets (reach host sockets by path).
+        deny_connect: the Landlock layer's unix socket rules (its slots share the host's
+            network namespace, and Landlock mediates neither connect() nor sendto()).
+
+    With deny_connect, what could reach or impersonate a host unix socket is refused:
+
+    - connect(): reaches host stream sockets by path or abstract name;
+    - bind(): a slot could take an abstract name first (those names are per network
+      namespace, not per filesystem): the host service then fails with EADDRINUSE and its
+      clients talk to the slot. The filter cannot read the address, and every socket on this
+      layer is a unix one, so bind() is refused outright: with connect() refused nothing in
+      the slot could reach a bound socket anyway. Landlock's ABI 6 scope (enforced where the
+      kernel has it) only stops the slot reaching abstract sockets outside its domain, not
+      binding a name or the host connecting in, so it does not replace this;
+    - socket(AF_UNIX, type) for any type but SOCK_STREAM: a datagram socket (SOCK_DGRAM, and
+      SOCK_RAW, which the kernel turns into SOCK_DGRAM) reaches any host datagram socket with
+      sendto(); SOCK_SEQPACKET needs connect() or bind() to do anything;
+    - socketpair(AF_UNIX, type) for any type but SOCK_STREAM and SOCK_SEQPACKET: a datagram
+      pair also sendto()s any address, while a connection-oriented pair only talks to itself
+      (the kernel ignores a seqpacket sendto() address).
     """
     nr = _NR[machine()]
     prog: list[tuple] = [(_LD_W_ABS, 4, 0, 0), (_JEQ, nr["arch"], 1, 0), (_RET, _KILL, 0, 0), (_LD_W_ABS, 0, 0, 0)]
@@ -123,18 +149,22 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -
     if not allow_memfd:
         prog.append((_JEQ, nr["memfd_create"], "eperm", 0))
     if deny_connect:
-        prog.append((_JEQ, nr["connect"], "eperm", 0))
+        prog += [(_JEQ, nr["connect"], "eperm", 0), (_JEQ, nr["bind"], "eperm", 0)]
     prog += [
+        (_JEQ, nr["prlimit64"], "prlimit", 0),
         (_JEQ, nr["clone3"], "enosys", 0),
         (_JEQ, nr["clone"], "clone", 0),
         (_JEQ, nr["socketpair"], "socketpair", 0),
         (_JEQ, nr["socket"], "socket", "allow"),
+        ("label", "prlimit"),
+        (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the pid; pid_t is 32 bits, 0 is the caller
+        (_JEQ, 0, "allow", "eperm"),
         ("label", "clone"),
         (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the clone flags
         (_JSET, CLONE_NEW_MASK, "eperm", "allow"),
         ("label", "socketpair"),
         (_LD_W_ABS, 16, 0, 0),
-        (_JEQ, AF_UNIX, "unix_type" if deny_connect else "allow", "eafnosupport"),
+        (_JEQ, AF_UNIX, "pair_type" if deny_connect else "allow", "eafnosupport"),
         ("label", "socket"),
         (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the address family
     ]
@@ -144,10 +174,15 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -
     prog += [
         ("label", "eafnosupport"),
         (_RET, _ERRNO | errno.EAFNOSUPPORT, 0, 0),
-        ("label", "unix_type"),
+        ("label", "pair_type"),
         (_LD_W_ABS, 24, 0, 0),  # args[1] (low half): the socket type and SOCK_* flags
+        (_ALU_AND, 0xF, 0, 0),  # the type without SOCK_NONBLOCK/SOCK_CLOEXEC (the kernel's SOCK_TYPE_MASK)
+        (_JEQ, SOCK_SEQPACKET, "allow", "stream_only"),
+        ("label", "unix_type"),
+        (_LD_W_ABS, 24, 0, 0),
         (_ALU_AND, 0xF, 0, 0),
-        (_JEQ, SOCK_DGRAM, "eperm", "allow"),
+        ("label", "stream_only"),
+        (_JEQ, SOCK_STREAM, "allow", "eperm"),
         ("label", "enosys"),
         (_RET, _ERRNO | errno.ENOSYS, 0, 0),
         ("label", "eperm"),

@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,7 @@ class Spawner:
         *,
         seccomp_fd: int | None = None,
         cgroup: SlotCgroup | None = None,
+        report_fd: int | None = None,
     ) -> list[str]:
         """The full command line of one call (a cgroup-joining shell first when the slot has a group)."""
         # Without a cpu cgroup, a lower priority is the only CPU share control left.
@@ -108,6 +110,7 @@ class Spawner:
                 landlock_require=list(self.landlock_require) if confine else None,
                 nice=nice,
                 extra_ro_paths=self.config.extra_ro_paths,
+                report_fd=report_fd,
             )
         return cgroup.wrap(argv) if cgroup is not None else argv
 
@@ -129,6 +132,37 @@ class Spawner:
             proc.kill()
             if uid is not None:
                 kill_uid(uid)
+
+    def report_pipe(self) -> tuple[int, int] | None:
+        """(read, write): the launcher writes the code's process group id to `write` (launcher layers only)."""
+        if self.layer == "bwrap":
+            return None
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        return read, write
+
+    def sweep(self, report_read: int | None, uid: int | None, cgroup: SlotCgroup | None) -> None:
+        """After a launcher was killed (the code can set its RLIMIT_CPU to 0): kill what its cleanup would have.
+
+        The code's process group (the pid the launcher reported; a non-empty group keeps that pid
+        from being reused), then, as root, the slot uid, and the slot's cgroup. Processes that left
+        the group (setsid) of a slot with neither uid nor cgroup cannot be told from the trainer's own.
+        """
+        pgid = 0
+        if report_read is not None:
+            try:
+                pgid = int(os.read(report_read, 64).split()[0])
+            except (OSError, ValueError, IndexError):
+                pgid = 0
+        if pgid > 1:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+        if uid is not None:
+            kill_uid(uid)
+        if cgroup is not None:
+            cgroup.kill()
 
 
 class UidLease:
@@ -227,21 +261,35 @@ class SandboxSlot:
         spawner = self.pool.spawner
         uid = self.uid
         fd = spawner.seccomp_fd()
+        report = spawner.report_pipe()
+        report_write = report[1] if report else None
         try:
-            return execute(
+            command = [str(a) for a in argv]
+            result = execute(
                 spawner.argv(
-                    str(self.workspace), uid, limits, [str(a) for a in argv], seccomp_fd=fd, cgroup=self.cgroup
-                ),  # fmt: skip
+                    str(self.workspace),
+                    uid,
+                    limits,
+                    command,
+                    seccomp_fd=fd,
+                    cgroup=self.cgroup,
+                    report_fd=report_write,
+                ),
                 env={"PATH": cmdlines.SAFE_PATH},
                 stdin=stdin,
                 timeout=timeout,
                 max_output_bytes=config.max_output_bytes if max_output_bytes is None else max_output_bytes,
                 kill=lambda proc: spawner.kill(proc, uid),
-                pass_fds=(fd,) if fd is not None else (),
+                pass_fds=tuple(f for f in (fd, report_write) if f is not None),
             )
+            if report is not None and result.exit_code is not None and result.exit_code < 0:
+                # The launcher was killed by a signal (it exits 128+N for its command): nothing cleaned up.
+                spawner.sweep(report[0], uid, self.cgroup)
+            return result
         finally:
-            if fd is not None:
-                os.close(fd)
+            for each in (fd, *(report or ())):
+                if each is not None:
+                    os.close(each)
 
     def run_python(self, code: str, **kwargs) -> ExecResult:
         """Run Python `code` with the trainer's interpreter in isolated mode (-I), cwd = workspace.
