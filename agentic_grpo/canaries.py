@@ -8,8 +8,9 @@ checks make them loud:
 
 - **Sampler-trainer agreement, every training step** (`logprob_agreement`): each sampled token's log-prob as
   the sampler computed it against the trainer's for the same token (both at their temperatures, dropout
-  off), on a few rows the trainer reads for it (`rows_to_read`) or on all where TRL read them anyway. Logged as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over `canary_logprob_limit` stops
-  the run, naming the likely causes.
+  off), on a few rows the trainer reads for it (`rows_to_read`) or on all where TRL read them anyway. Logged
+  as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over `canary_logprob_limit` stops the run,
+  naming the likely causes.
 - **Token round-trip, at start-up** (`agentic_grpo.token_round_trip`).
 - **Resume, at the first step of a resumed run** (`agentic_grpo.resume_canary`).
 """
@@ -51,6 +52,15 @@ def rows_to_read(prompt_ids: torch.Tensor) -> torch.Tensor:
     return torch.tensor(sorted(first.values())[:ROWS_READ], device=prompt_ids.device)
 
 
+def token_differences(
+    sampled: torch.Tensor, scored: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """|sampler - trainer| per token (0 where not compared), and which tokens are compared: those `mask` marks
+    that have a sampling log-prob (vLLM gives NaN for a token it could not score)."""
+    valid = mask.bool() & ~torch.isnan(sampled)
+    return (sampled.float() - scored.float()).abs().masked_fill(~valid, 0.0), valid
+
+
 def logprob_agreement(
     sampled: torch.Tensor,
     scored: torch.Tensor,
@@ -59,8 +69,8 @@ def logprob_agreement(
 ) -> dict[str, float]:
     """Per-token |sampler - trainer| log-prob over the tokens `mask` marks (sampled tokens, not tool output),
     over every process (`gather` is collective: every process calls it). Empty when no token was compared."""
-    valid = mask.bool() & ~torch.isnan(sampled)
-    diff = (sampled.float() - scored.float()).abs()[valid]
+    differences, valid = token_differences(sampled, scored, mask)
+    diff = differences[valid]
     local = torch.stack(
         [
             diff.sum(),
@@ -97,8 +107,7 @@ def likely_causes(
     if sampler_temperature is not None and abs(sampler_temperature - trainer_temperature) > 1e-6:
         found.append(f"the sampler sampled at temperature {sampler_temperature} and the trainer scores at "
                      f"{trainer_temperature}")  # fmt: skip
-    valid = mask.bool() & ~torch.isnan(sampled)
-    diff = (sampled.float() - scored.float()).abs().masked_fill(~valid, 0.0)
+    diff, valid = token_differences(sampled, scored, mask)
     per_row = diff.sum(-1) / valid.sum(-1).clamp(min=1)
     rows = valid.any(-1)
     padded = padded.bool().to(rows.device)

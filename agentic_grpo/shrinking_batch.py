@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from agentic_grpo.positions import position_ids_from_mask
 from agentic_grpo.shared_prompt import cache_keyword
 
 RowStop = Callable[[int, list[int], list[torch.Tensor], list[torch.Tensor]], None]
@@ -65,7 +66,7 @@ def sample_shrinking(
     new_tokens: list[list[int]] = [[] for _ in range(batch)]
     new_logprobs: list[list[float]] = [[] for _ in range(batch)]
     temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else 1.0
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    positions = position_ids_from_mask(attention_mask)
     cache = {cache_keyword(model): kv_cache}
     outputs = model(
         input_ids=input_ids[:, held:], attention_mask=attention_mask, position_ids=positions[:, held:],

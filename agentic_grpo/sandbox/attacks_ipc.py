@@ -142,24 +142,34 @@ def sysv_ipc(ctx: Context, slot: SandboxSlot) -> AttackResult:
     return AttackResult("sysv_ipc", not harmed, detail[:600])
 
 
+def _host_sockets(
+    listen_path: str, kind: int, dgram_path: str
+) -> tuple[socket.socket, socket.socket, list[bool], threading.Event, threading.Thread]:
+    """A host listener of `kind` (accepting one connection in a thread until `done` is set: `accepted` gets
+    whether one came) and a host datagram socket, both 0777 so that only the directory and the sandbox stand
+    in the way; returns (listener, datagram socket, accepted, done, thread)."""
+    listener = socket.socket(socket.AF_UNIX, kind)
+    listener.bind(listen_path)
+    listener.listen(4)
+    listener.settimeout(0.5)
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram.bind(dgram_path)
+    dgram.settimeout(0.2)
+    for path in (listen_path, dgram_path):
+        os.chmod(path, 0o777)
+    accepted: list[bool] = []
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: accepted.append(_accept_one(listener, done)))
+    thread.start()
+    return listener, dgram, accepted, done, thread
+
+
 def unix_socket_by_path(ctx: Context, slot: SandboxSlot) -> AttackResult:
     """Host sockets (stream and datagram) in a 0700 directory of the trainer's uid: connect, send, list, stat."""
     directory = tempfile.mkdtemp(prefix="agentic-grpo-private-")  # 0700, the trainer's
     name = f"secret-{secrets.token_hex(4)}"
     stream_path, dgram_path = os.path.join(directory, name), os.path.join(directory, "dgram")
-    stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stream.bind(stream_path)
-    stream.listen(4)
-    stream.settimeout(0.5)
-    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    dgram.bind(dgram_path)
-    dgram.settimeout(0.2)
-    for path in (stream_path, dgram_path):
-        os.chmod(path, 0o777)  # only the directory's mode stands in the way
-    accepted: list[bool] = []
-    done = threading.Event()
-    thread = threading.Thread(target=lambda: accepted.append(_accept_one(stream, done)))
-    thread.start()
+    stream, dgram, accepted, done, thread = _host_sockets(stream_path, socket.SOCK_STREAM, dgram_path)
     try:
         result = run_code(slot, f"""
             import json, os, socket
@@ -215,19 +225,7 @@ def unix_socket_types(ctx: Context, slot: SandboxSlot) -> AttackResult:
     directory = tempfile.mkdtemp(prefix="agentic-grpo-unix-")
     os.chmod(directory, 0o711)  # searchable, not listable: only the sandbox stands in the way
     dgram_path, seq_path = os.path.join(directory, "dgram"), os.path.join(directory, "seqpacket")
-    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    dgram.bind(dgram_path)
-    dgram.settimeout(0.2)
-    seq = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    seq.bind(seq_path)
-    seq.listen(4)
-    seq.settimeout(0.5)
-    for path in (dgram_path, seq_path):
-        os.chmod(path, 0o777)
-    accepted: list[bool] = []
-    done = threading.Event()
-    thread = threading.Thread(target=lambda: accepted.append(_accept_one(seq, done)))
-    thread.start()
+    seq, dgram, accepted, done, thread = _host_sockets(seq_path, socket.SOCK_SEQPACKET, dgram_path)
     try:
         result = run_code(slot, f"""
             import json, socket
