@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -28,6 +29,7 @@ from agentic_grpo.action_choices import ActionChoiceProcessor, choice_mask
 from agentic_grpo.dropout import dropout_active
 from agentic_grpo.formats import ActionChoices
 from agentic_grpo.kv_reuse import ContextCache, generate_reusing, why_not_reusable
+from agentic_grpo.lockstep import any_process_live, needs_lockstep
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +105,21 @@ class TransformersBackend:
             self._in_session = False
             self._contexts.clear()
 
+    @property
+    def lockstep(self) -> bool:
+        """Whether this process must run every turn the others run (`agentic_grpo.lockstep`)."""
+        return needs_lockstep(self.model)
+
+    def any_process_live(self, live_here: int) -> bool:
+        """Whether any process has a live trajectory this turn (only this one's count, unless in lockstep)."""
+        return any_process_live(live_here) if self.lockstep else live_here > 0
+
+    def idle_turn(self, max_new_tokens: int) -> None:
+        """A turn for a process whose trajectories have all ended while others' have not: a one-row `generate`
+        whose output is dropped, so that this process takes part in each forward pass's collectives."""
+        token = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.generate([[token]], [], max_new_tokens)
+
     @contextlib.contextmanager
     def _generating_model(self) -> Iterator[Any]:
         with torch.no_grad():
@@ -168,8 +185,9 @@ class TransformersBackend:
 class TrainerBackend(TransformersBackend):
     """HF `generate` on the policy a `GRPOTrainer` is training, with the trainer's sampling settings.
 
-    The model is unwrapped with TRL's `unwrap_model_for_generation` (ZeRO-3 parameters
-    gathered, FSDP full parameters summoned) so generation is right under every engine.
+    The model is unwrapped with TRL's `unwrap_model_for_generation` (ZeRO-3 parameters gathered, FSDP full
+    parameters summoned) once per rollout (`session`), not once per turn: under ZeRO-3 and FSDP that gather is a
+    collective over all processes and costs a full copy of the weights' traffic.
     """
 
     def __init__(self, trainer: Any, reuse_cache: bool = True) -> None:
@@ -179,22 +197,52 @@ class TrainerBackend(TransformersBackend):
         self.trainer = trainer
 
     @contextlib.contextmanager
-    def _generating_model(self) -> Iterator[Any]:
-        from trl.models import unwrap_model_for_generation
+    def session(self) -> Iterator[None]:
+        with policy_for_generation(self.trainer), super().session():
+            yield
 
-        trainer = self.trainer
-        with (
-            unwrap_model_for_generation(
-                trainer.model_wrapped,
-                trainer.accelerator,
-                gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-                generation_kwargs=trainer.generation_kwargs,
-                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-            ) as model,
-            torch.no_grad(),
-            trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
-        ):
+    @contextlib.contextmanager
+    def _generating_model(self) -> Iterator[Any]:
+        with policy_for_generation(self.trainer) as model, torch.no_grad():
             yield model
+
+
+_unwrapping = threading.Lock()
+
+
+@contextlib.contextmanager
+def policy_for_generation(trainer: Any) -> Iterator[Any]:
+    """The trainer's policy unwrapped for generation; inside an enclosing call (a rollout's session, a sub-agent's
+    turn within it, from any thread), the model that call unwrapped, without unwrapping (gathering) again."""
+    from trl.models import unwrap_model_for_generation
+
+    with _unwrapping:
+        held = getattr(trainer, "_policy_for_generation", None)
+        if held is not None:
+            held[0] += 1
+    if held is not None:
+        try:
+            yield held[1]
+        finally:
+            with _unwrapping:
+                held[0] -= 1
+        return
+    with (
+        unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            generation_kwargs=trainer.generation_kwargs,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        ) as model,
+        torch.no_grad(),
+        trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
+    ):
+        trainer._policy_for_generation = [1, model]
+        try:
+            yield model
+        finally:
+            trainer._policy_for_generation = None
 
 
 def cut_generation(ids: list[int], eos_ids: list[int], stop: list[str], tokenizer: Any) -> Generation:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from agentic_grpo.lockstep import needs_lockstep
 from agentic_grpo.positions import position_ids_from_mask
 from agentic_grpo.shared_prompt import cache_keyword
 from agentic_grpo.shrinking_batch import sample_shrinking, stop_string_criteria
@@ -98,6 +99,10 @@ def why_not_reusable(model: Any, generation_config: Any) -> str | None:
             return f"`{name}`={value} reads the whole context, padding holes included"
     if getattr(model.config, "is_encoder_decoder", False):
         return "encoder-decoder model"
+    if needs_lockstep(model):
+        # Each process reads the contexts it has not seen, a number of forward passes of its own: processes in
+        # lockstep must each run one `generate` per turn (`agentic_grpo.lockstep`).
+        return "the processes decode in lockstep (a policy sharded by ZeRO-3 or FSDP)"
     try:
         layers = DynamicCache(config=model.config).layers
     except Exception as exc:  # noqa: BLE001 - a model whose cache cannot be built here is simply not reused
@@ -193,8 +198,8 @@ def generate_reusing(
     (padded after its end, as `generate` returns them) and leaves in `store` what this call read and wrote.
 
     With `shrink`, rows leave the batch as they stop (`agentic_grpo.shrinking_batch`: same processors, stopping
-    and random numbers), except where the processes must decode in lockstep (ZeRO-3 or FSDP over several);
-    then a `logprobs` list given is filled with each row's sampling log-probs (left empty otherwise).
+    and random numbers), and a `logprobs` list given is filled with each row's sampling log-probs (left empty
+    otherwise). Not for processes in lockstep (`why_not_reusable` says so).
     `generate_kwargs` go to `generate` as they are (a `logits_processor`, for one)."""
     pad_id = tokenizer.pad_token_id
     matches = store.match(batch)
@@ -212,7 +217,7 @@ def generate_reusing(
 
     generation_config = copy.copy(generation_config)
     generation_config.use_cache = True  # in the config: `generate` warns when a config and loose settings mix
-    shrinking = shrink and not needs_lockstep(model)
+    shrinking = shrink
     if shrinking:
         generation_config, stopping = stop_string_criteria(generation_config, tokenizer)
         loop = functools.partial(sample_shrinking, kv_cache=cache, on_stop=keep_stopped, logprobs=logprobs)
@@ -235,14 +240,3 @@ def generate_reusing(
     entries = _entries(cache, [(ids + new_tokens[row][:fed], width - len(ids)) for row, ids in enumerate(batch)])
     store.entries = entries  # trajectories not in this batch have finished: their entries go
     return new_tokens
-
-
-def needs_lockstep(model: Any) -> bool:
-    """Whether every process must run the same decoding steps (`generate`'s `synced_gpus`: ZeRO-3 or FSDP shards
-    over several processes), which a batch that shrinks on its own schedule would break."""
-    from transformers.integrations import is_deepspeed_zero3_enabled
-    from transformers.integrations.fsdp import is_fsdp_managed_module
-
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    world = torch.distributed.get_world_size() if distributed else 1
-    return world > 1 and (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))

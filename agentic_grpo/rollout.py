@@ -126,8 +126,11 @@ class RolloutManager:
             with session():
                 for _ in range(self.limits.max_turns):
                     live = [i for i, t in enumerate(trajectories) if t.finish_reason == "running"]
-                    if not live:
+                    if not any_process_live(backend, len(live)):
                         break
+                    if not live:  # other processes still generate, in collectives this one must join
+                        backend.idle_turn(self.limits.max_tokens_per_turn)
+                        continue
                     stats.turns += 1
                     for i in live:  # the state each turn's action is taken from (the `anchor` advantage groups by it)
                         trajectories[i].turn_states.append(environments[i][0].state_hash())
@@ -353,3 +356,10 @@ def user_turn_wrapper(tokenizer: Any) -> tuple[str, str]:
     after = text[text.index(reply) + len(reply) :]  # starts with the template's end of an assistant turn
     prefix, _, suffix = after.partition(question)
     return prefix, suffix
+
+
+def any_process_live(backend: GenerationBackend, live_here: int) -> bool:
+    """Whether a turn is due: this process has live trajectories, or, for a backend whose processes decode in
+    lockstep (`agentic_grpo.lockstep`), any process has."""
+    ask = getattr(backend, "any_process_live", None)
+    return ask(live_here) if ask is not None else live_here > 0

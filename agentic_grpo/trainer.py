@@ -130,7 +130,8 @@ class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ReadPromptOnce, GRPOTr
         **kwargs: Any,
     ) -> None:
         parts = rollout_parts or build_rollout_parts(args)
-        check_trainer_setup(args, reward_funcs, parts.all_agents())
+        lora = kwargs.get("peft_config") is not None or hasattr(model, "peft_config")
+        check_trainer_setup(args, reward_funcs, parts.all_agents(), peft=lora)
         reward_funcs = guard_rewards(reward_funcs, args.on_reward_error)
         if args.advantage == "anchor" and parts.environment.state_hash is ToolEnvironment.state_hash:
             raise ValueError(

@@ -3,15 +3,21 @@ train on wrong numbers, or crash at the first backward."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from agentic_grpo.config import AgenticGRPOConfig
+from agentic_grpo.subagents.sources import PolicySource
 
 
-def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable], agents: Sequence[Any] = ()) -> None:
+def check_trainer_setup(
+    args: AgenticGRPOConfig, reward_funcs: list[Callable], agents: Sequence[Any] = (), peft: bool = False
+) -> None:
     """Refuse set-ups that would train on wrong numbers or crash, whoever builds the trainer (CLI or user code);
-    `agents`: the recipe's sub-agents, the whole tree."""
+    `agents`: the recipe's sub-agents, the whole tree; `peft`: the policy is a LoRA adapter."""
     trained = [agent.name for agent in agents if getattr(agent, "train", False)]
     if trained and args.world_size > 1:
         # Each role's forward and the policy's go through one DDP-wrapped model before one backward, and DDP
@@ -31,6 +37,23 @@ def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable], a
             "different numbers of live trajectories per turn): use `vllm_mode: colocate` with "
             "`vllm_tensor_parallel_size: 1` (one engine per process), or a single training process"
         )
+    sharded = sharded_policy(args)
+    on_policy = [agent.name for agent in agents if isinstance(getattr(agent, "source", None), PolicySource)]
+    if sharded and on_policy:
+        # A sub-agent's turns run inside the parent's tool turn, only on the processes whose trajectories called
+        # it: under a sharded policy each of its forward passes is a collective the other processes never join.
+        raise ValueError(
+            f"sub-agents on the policy's model ({on_policy}) generate only on the processes that call them, and "
+            f"under {sharded} every forward pass needs all {args.world_size} processes: launch with DDP or "
+            "DeepSpeed ZeRO-2 (accelerate_configs/multi_gpu.yaml, deepspeed_zero2.yaml), or give the sub-agents a "
+            "`model` of their own"
+        )
+    if sharded == "FSDP" and args.use_vllm and peft:
+        raise ValueError(
+            "vLLM with a LoRA policy under FSDP: the weight sync would merge the adapter into the sharded base "
+            "weights in place (they drift in bf16, and they are the KL reference): use DeepSpeed ZeRO-3 or DDP "
+            "with vLLM, or `use_vllm: false`"
+        )
     group_rewards = [getattr(f, "__name__", repr(f)) for f in reward_funcs if getattr(f, "needs_whole_groups", False)]
     if not group_rewards or args.world_size == 1:
         return
@@ -47,3 +70,19 @@ def check_trainer_setup(args: AgenticGRPOConfig, reward_funcs: list[Callable], a
                 f"the {args.world_size} processes holds {per_process} samples ({held_by}), which splits some "
                 f"groups across processes: make that a multiple of {group_field}"
             )
+
+
+def sharded_policy(args: Any) -> str | None:
+    """`FSDP` or `DeepSpeed ZeRO-3` when this launch shards the policy's weights over several processes (from the
+    training arguments, or the environment `accelerate launch` sets), else None."""
+    if args.world_size <= 1:
+        return None
+    if getattr(args, "fsdp", None) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return "FSDP"
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    config = getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if stage is None and config:
+        if not isinstance(config, dict):
+            config = json.loads(Path(config).read_text())
+        stage = str(config.get("zero_optimization", {}).get("stage", ""))
+    return "DeepSpeed ZeRO-3" if stage == "3" else None

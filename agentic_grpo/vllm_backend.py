@@ -5,8 +5,15 @@ in `colocate` mode an `LLM` inside each training process, in `server` mode a cli
 `trl vllm-serve`. It also owns the weight sync. We reuse both and change only what a
 multi-turn rollout needs per call: the turn's token budget, the format's stop strings,
 and one sample per input (each live trajectory is already a distinct sequence; TRL's
-own path asks for `num_generations` samples of each prompt). TRL syncs the weights
-before it calls our `rollout_func`, once per optimizer step.
+own path asks for `num_generations` samples of each prompt).
+
+One weight sync per rollout, however many turns: TRL syncs the weights before it calls our `rollout_func`, once
+per optimizer step, and in colocate mode with `vllm_enable_sleep_mode` it also puts the engine to sleep after
+every `generate` call (weights discarded) and re-syncs all of them at the next call, which a multi-turn rollout
+makes once per turn. `VLLMBackend.session` keeps the engine awake through the rollout and puts it to sleep once,
+at its end. For a LoRA policy, the weights vLLM receives are each base weight plus its adapter's update computed
+into a new tensor (`merged_parameters`): TRL merges the adapter into the base weights and unmerges it in place,
+which in bf16 leaves rounding behind in the base (the reference model of the KL term) at every sync.
 
 Token ids in, token ids out, as for the HF backends: vLLM takes `prompt_token_ids`.
 
@@ -24,8 +31,11 @@ colocate mode with tensor_parallel_size 1 keeps each process's engine to itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
+
+import torch
 
 from agentic_grpo.backends import Generation, cut_generation
 
@@ -43,6 +53,29 @@ class VLLMBackend:
         self.vllm = trainer.vllm_generation
         self.tokenizer = trainer.processing_class
         self.eos_token_ids = list(trainer.eos_token_ids)
+        if _is_peft_model(getattr(self.vllm, "model", None)):
+            # No public seam: TRL's sync reads the weights through this method. Under FSDP it walks the sharded
+            # modules its own way; `check_trainer_setup` refuses a LoRA policy with vLLM there.
+            self.vllm._iter_named_params = functools.partial(merged_parameters, self.vllm)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """One rollout: with a sleeping colocated engine, its weights synced (when asleep) and the engine woken
+        once, kept awake across the turns, and put to sleep once at the end."""
+        vllm = self.vllm
+        if not (vllm.mode == "colocate" and vllm.enable_sleep_mode):
+            yield
+            return
+        if vllm._llm_weights_sleeping:  # TRL's own sync ran for an earlier rollout of this optimizer step
+            vllm.sync_weights()
+        vllm.llm.wake_up(tags=["kv_cache"])
+        vllm.enable_sleep_mode = False  # TRL's `generate` sleeps after the call only with it on
+        try:
+            yield
+        finally:
+            vllm.enable_sleep_mode = True
+            vllm.llm.sleep(level=2)
+            vllm._llm_weights_sleeping = True
 
     @contextlib.contextmanager
     def _turn_settings(self, stop: list[str], max_new_tokens: int) -> Iterator[None]:
@@ -78,3 +111,38 @@ class VLLMBackend:
                 generation.logprobs = [lp[0] for lp in logprobs[i][: len(generation.token_ids)]]
             generations.append(generation)
         return generations
+
+
+def _is_peft_model(model: Any) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def merged_parameters(vllm: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's weights under vLLM's names, as TRL's sync sends them for a LoRA policy: each adapted base
+    weight plus its active adapters' update, added in fp32 into a new tensor and rounded once to the weight's
+    dtype. The model's own weights are read, never written."""
+    from peft.tuners.lora import LoraLayer
+
+    model = vllm.model
+    with vllm._dist.gather_params(list(model.parameters())):  # ZeRO-3: the full weights, on every process
+        updates: dict[int, torch.Tensor] = {}
+        for module in model.modules():
+            if not isinstance(module, LoraLayer) or module.disable_adapters or module.merged:
+                continue
+            for adapter in module.active_adapters:
+                if adapter not in module.lora_A and adapter not in module.lora_embedding_A:
+                    continue
+                if module.use_dora.get(adapter):
+                    raise ValueError("vLLM weight sync of a DoRA adapter is not supported: set use_dora: false")
+                weight = module.get_base_layer().weight
+                update = module.get_delta_weight(adapter).float()
+                updates[id(weight)] = updates[id(weight)] + update if id(weight) in updates else update
+        for name, param in model.named_parameters():
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            if model.prefix in name or "original_module" in name:  # adapter weights; a saved module's original
+                continue
+            name = vllm._fix_param_name_to_vllm(name, extra_prefixes=["modules_to_save.default."])
+            update = updates.get(id(param))
+            yield name, param.data if update is None else (param.data.float() + update).to(param.dtype)

@@ -185,6 +185,28 @@ def test_co_training_with_several_processes_is_refused():
     check_trainer_setup(SimpleNamespace(**{**vars(layout), "world_size": 1}), [exact], [trained])
 
 
+def test_sub_agents_on_a_sharded_policy_and_vllm_lora_under_fsdp_are_refused(monkeypatch):
+    from agentic_grpo.subagents.sources import ModelSource, PolicySource
+
+    layout = SimpleNamespace(per_device_train_batch_size=8, steps_per_generation=1, num_generations=4, world_size=2,
+                             use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1)  # fmt: skip
+    on_policy = SimpleNamespace(name="helper", train=False, source=object.__new__(PolicySource))
+    own_model = SimpleNamespace(name="other", train=False, source=object.__new__(ModelSource))
+    check_trainer_setup(layout, [exact], [on_policy])  # DDP: every process holds the whole policy
+    zero3 = SimpleNamespace(**{**vars(layout), "deepspeed": {"zero_optimization": {"stage": 3}}})
+    with pytest.raises(ValueError, match=r"\['helper'\].*under DeepSpeed ZeRO-3 every forward pass needs all 2"):
+        check_trainer_setup(zero3, [exact], [own_model, on_policy])
+    check_trainer_setup(zero3, [exact], [own_model])  # a frozen model of its own is not sharded
+    check_trainer_setup(SimpleNamespace(**{**vars(zero3), "world_size": 1}), [exact], [on_policy])
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # as `accelerate launch` with an FSDP config sets it
+    with pytest.raises(ValueError, match="under FSDP"):
+        check_trainer_setup(layout, [exact], [on_policy])
+    vllm = SimpleNamespace(**{**vars(layout), "use_vllm": True})
+    with pytest.raises(ValueError, match="vLLM with a LoRA policy under FSDP"):
+        check_trainer_setup(vllm, [exact], peft=True)
+    check_trainer_setup(vllm, [exact])  # full fine-tuning: TRL's sync reads the weights, it merges nothing
+
+
 class GroupJudge:
     """Stands for any reward that scores a query's samples together (LLMJudge in group mode)."""
 
