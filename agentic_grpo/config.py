@@ -300,6 +300,9 @@ def recipe_parser(prog: str | None = None, for_help: bool = False) -> TrlParser:
     recipe.add_argument("--accelerate_config", metavar="CONFIG", help="Run under `accelerate launch` with this "
                         "config: a YAML file or a shipped one's name (`single_gpu`, `multi_gpu`, `deepspeed_zero2`, "
                         "`deepspeed_zero3`, `fsdp`, `multi_node`, `cpu_2proc`).")  # fmt: skip
+    recipe.add_argument("--dry-run", action="store_true", help="Train nothing: print the recipe's estimated GPU "
+                        "memory per process (model built on the meta device, no weights) and exit 1 when it cannot "
+                        "fit the card (`--gpu_memory_gb`, default 80; also `--prompt_tokens`, `--num_processes`; docs/dry_run.md).")  # fmt: skip
     data = parser.add_argument_group("Data and rewards")
     sections = {title: parser.add_argument_group(title) for title in SECTIONS}
     ours = {name: title for title, names in SECTIONS.items() for name in names}

@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if not argv:
         argv = ["--config", DEFAULT_RECIPE]
         print(f"No recipe given: running the offline CPU demo (recipe `{DEFAULT_RECIPE}`).", flush=True)
+    from agentic_grpo.dry_run import wants_dry_run
+
+    if wants_dry_run(argv):  # before any launch: it estimates on any machine, trains nothing, and exits
+        from agentic_grpo.dry_run import main as dry_run_main
+
+        return dry_run_main(argv)
     if "--accelerate_config" in argv:
         try:
             return launch_with_accelerate(argv)
@@ -111,7 +117,7 @@ def prepare(argv: list[str]) -> PreparedRun:
         ) from exc
     config, model_config, parts, rewards = built.config, built.model_config, built.rollout_parts, built.rewards
     set_seed(config.seed)
-    check_trainer_setup(config, rewards, parts.all_agents())
+    check_trainer_setup(config, rewards, parts.all_agents(), peft=model_config.use_peft)
     slot = getattr(parts.trajectory_format, "action_choices", None)
     if config.use_vllm and slot:
         raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code
