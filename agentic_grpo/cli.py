@@ -148,15 +148,17 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from datasets import load_dataset
 
-    from agentic_grpo.data import check_columns, check_json_files, reasons
+    from agentic_grpo.data import check_columns, check_json_files, load_task_data, reasons
     from agentic_grpo.evaluate import EvaluationError, correctness_reward_name, evaluate, load_policy_for, write_report
     from agentic_grpo.reward_setup import check_reward_columns
     from agentic_grpo.run_parts import build_recipe
 
     try:
-        built = build_recipe(
-            ["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"], load_data=not args.data
-        )
+        argv = ["--config", args.recipe, "--output_dir", "/tmp/agentic-grpo-eval"]
+        built = build_recipe(argv, load_data=False)
+        trained_on = with_recorded_seed(built.recipe.dataset, args.model)
+        if not args.data:
+            built.train, built.test = load_task_data(trained_on)
         if args.data and args.data.startswith("reasoning_gym:"):
             from datasets import Dataset
 
@@ -179,7 +181,7 @@ def _eval(args: argparse.Namespace) -> int:
         check_reward_columns(built.rewards, rows.column_names, "evaluation data")
         rows = list(rows)[: args.limit] if args.limit else list(rows)
         if args.data:
-            rows = without_training_questions(rows, built.recipe.dataset)
+            rows = without_training_questions(rows, trained_on)
         if args.k < 1:
             raise ValueError("-k must be at least 1")
         correctness_reward_name(built.rewards, built.config.correctness_reward)  # before a model loads
@@ -204,6 +206,17 @@ def _eval(args: argparse.Namespace) -> int:
     print(json.dumps(metrics, indent=2))
     print(f"report: {output} (trajectories beside it)")
     return 0
+
+
+def with_recorded_seed(dataset: object, model: str) -> object:
+    """The recipe's `dataset` with the training seed the evaluated run drew (its `run.json`), so that `--split train`
+    and the check of `--data` rows see the rows it trained on; as given when the model is no such run."""
+    from agentic_grpo.data import recorded_training_seed
+
+    seed = recorded_training_seed(model)
+    if seed is None or not isinstance(dataset, dict) or dataset.get("train_seed") is not None:
+        return dataset
+    return {**dataset, "train_seed": seed}
 
 
 def without_training_questions(rows: list[dict], dataset: object) -> list[dict]:

@@ -3,11 +3,21 @@
 `datasets` does the loading; this module only turns a recipe's `dataset:` spec into
 train and test `Dataset`s and fails at start-up, naming the column, when rows lack
 what the run needs.
+
+Generated data (`generator:` or `reasoning_gym:`) has two seeds. `seed` draws the test split:
+fixed (default 0), so held-out figures stay comparable across runs; knowing it reveals only
+evaluation answers, never trained on. `train_seed` draws the training split: a per-run secret
+unless the recipe sets it (`with_training_seed`), recorded in `run.json`, so a policy cannot
+regenerate its training rows from the recipe and print their answers. `train_seed` equal to
+`seed` draws the training rows of versions that had no `train_seed`.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +26,110 @@ from datasets import Dataset, DatasetDict, load_dataset
 from agentic_grpo.plugins import check_options, import_object
 
 
+def _seed_parameter(generator: Any) -> inspect.Parameter | None:
+    try:
+        return inspect.signature(generator).parameters.get("seed")
+    except (TypeError, ValueError):
+        return None
+
+
+def _test_seed(spec: dict[str, Any], generator: Any = None) -> int:
+    """The seed of the test split: the recipe's, else the generator's default."""
+    if "seed" in spec:
+        return int(spec["seed"])
+    if generator is None and "generator" in spec:
+        generator = import_object(spec["generator"], what="dataset generator")
+    parameter = _seed_parameter(generator) if generator is not None else None
+    return parameter.default if parameter is not None and isinstance(parameter.default, int) else 0
+
+
+def _shared_secret() -> int:
+    """A random seed, the same in every process of a distributed run (rank 0's, broadcast)."""
+    seed = secrets.randbelow(2**31)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            from accelerate import PartialState
+
+            PartialState()  # the process group the Trainer would start anyway
+        box = [seed]
+        dist.broadcast_object_list(box, src=0)
+        seed = int(box[0])
+    return seed
+
+
+def with_training_seed(spec: Any, resume_dir: str | Path | None = None) -> Any:
+    """`spec` with `train_seed` decided, for generated data whose recipe does not set it; other specs as given.
+
+    Resuming (`resume_dir`: the run's output_dir) reuses the seed its `run.json` recorded (a run that recorded
+    none drew its training rows with `seed`); otherwise the seed is a fresh secret, shared by all processes.
+    """
+    if not isinstance(spec, dict) or spec.get("train_seed") is not None:
+        return spec
+    if "reasoning_gym" not in spec:
+        if "generator" not in spec:
+            return spec
+        if _seed_parameter(import_object(spec["generator"], what="dataset generator")) is None:
+            return spec  # a generator without a seed draws what it draws
+    seed = None
+    if resume_dir is not None:
+        path = Path(resume_dir) / "run.json"
+        recorded = json.loads(path.read_text()).get("dataset") if path.is_file() else None
+        seed = recorded.get("train_seed") if isinstance(recorded, dict) else None
+        seed = _test_seed(spec) if seed is None else seed
+    return {**spec, "train_seed": _shared_secret() if seed is None else int(seed)}
+
+
+def recorded_training_seed(model_path: str | Path) -> int | None:
+    """The training seed a run recorded (`run.json`: `dataset.train_seed`), for its output directory or a checkpoint
+    in it; None for anything else (a hub model, a run of generated data with a fixed seed, a run that kept none)."""
+    for folder in (Path(model_path), Path(model_path).parent):
+        path = folder / "run.json"
+        if path.is_file():
+            dataset = json.loads(path.read_text()).get("dataset")
+            seed = dataset.get("train_seed") if isinstance(dataset, dict) else None
+            return None if seed is None else int(seed)
+    return None
+
+
+def shared_training_seed(recipe: dict[str, Any], store: str | Path) -> dict[str, Any]:
+    """`recipe` with one `train_seed` for every run of a comparison (benchmark arms train on the same rows).
+
+    Drawn once and kept in the file `store`, so a later invocation that reuses finished runs draws no other.
+    A recipe that sets its own `train_seed`, or has no generated data, is returned as it is.
+    """
+    dataset = recipe.get("dataset")
+    if not isinstance(dataset, dict) or dataset.get("train_seed") is not None:
+        return recipe
+    path = Path(store)
+    if path.is_file():
+        decided = {**dataset, "train_seed": int(path.read_text())}
+    else:
+        decided = with_training_seed(dataset)
+        if decided.get("train_seed") is not None:
+            path.write_text(f"{decided['train_seed']}\n")
+    return {**recipe, "dataset": decided}
+
+
+def _generated(generator: Any, spec: dict[str, Any], train_seed: int | None) -> dict[str, list[dict[str, Any]]]:
+    """A generator's splits: test rows from `seed`, training rows from `train_seed` (when it differs)."""
+    splits = generator(**spec)
+    if train_seed is None or train_seed == _test_seed(spec, generator):
+        return splits
+    test = splits.get("test", [])
+    held = {row.get("question") for row in test}
+    # Any generator, even one that does not split by a hash: a test question never becomes a training row.
+    train = [row for row in generator(**{**spec, "seed": train_seed})["train"] if row.get("question") not in held]
+    return {"train": train, "test": test}
+
+
 def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset | None]:
-    """Train and (optional) test datasets for a recipe's `dataset` field."""
+    """Train and (optional) test datasets for a recipe's `dataset` field.
+
+    Generated data whose spec sets no `train_seed` gets a fresh secret one (`with_training_seed`): a run that
+    must know it passes the spec through `with_training_seed` first and records it.
+    """
     if spec is None:
         raise ValueError(
             "recipe field `dataset` is missing: give `{generator: ...}`, `{reasoning_gym: TASK, ...}` or "
@@ -25,7 +137,7 @@ def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset 
         )
     if isinstance(spec, str):
         spec = {"path": spec}
-    spec = dict(spec)
+    spec = dict(with_training_seed(spec))
     if "reasoning_gym" in spec:
         from agentic_grpo.reasoning_gym_tasks import DATASET_KEYS, reasoning_gym_splits
 
@@ -40,8 +152,11 @@ def load_task_data(spec: dict[str, Any] | str | None) -> tuple[Dataset, Dataset 
     if "generator" in spec:
         path = spec.pop("generator")
         generator = import_object(path, what="dataset generator")
+        train_seed = spec.pop("train_seed", None)
+        if train_seed is not None and _seed_parameter(generator) is None:
+            raise ValueError(f"recipe `dataset`: `train_seed` is set, but generator `{path}` takes no `seed`")
         check_options(generator, spec, f"recipe `dataset` generator `{path}`")
-        splits = generator(**spec)
+        splits = _generated(generator, spec, train_seed)
         train, test = Dataset.from_list(splits["train"]), Dataset.from_list(splits.get("test", []))
         return train, (test if len(test) else None)
     test_split = spec.pop("test_split", None)

@@ -8,7 +8,9 @@ with its own verifier (`score_answer`). A recipe names one:
 and `agentic-grpo eval --data reasoning_gym:products` evaluates on the same test split
 (`reasoning_gym:products?min_digits=3&max_digits=3&seed=0` to set the config).
 
-The test split is drawn first (seed `seed`); the training split comes from another seed
+The test split is drawn first (seed `seed`, public and fixed, so held-out figures stay
+comparable across runs); the training split comes from another seed (`train_seed`, a
+per-run secret in a recipe unless it sets one: `agentic_grpo.data.with_training_seed`)
 and skips every question the test split holds, so no size or seed can leak a test
 question into training. Each row keeps the task's entry (`rg_entry`, JSON) so the task's
 own verifier can score it (`agentic_grpo.rewards.reasoning_gym:TaskScore`).
@@ -22,8 +24,10 @@ from typing import Any
 
 import yaml
 
-TRAIN_SEED_OFFSET = 1_000_003  # the training split's seed is `seed + this`: another stream than the test split's
-DATASET_KEYS = ("reasoning_gym", "config", "num_train", "num_test", "seed")
+# reasoning-gym's seed of the training split is `train_seed + this`: another stream than the test split's even
+# when train_seed == seed (which draws the training rows of versions that had no train_seed).
+TRAIN_SEED_OFFSET = 1_000_003
+DATASET_KEYS = ("reasoning_gym", "config", "num_train", "num_test", "seed", "train_seed")
 
 
 def _create(name: str, seed: int, size: int, config: dict[str, Any]) -> Any:
@@ -53,9 +57,17 @@ def to_row(name: str, config: dict[str, Any], entry: dict[str, Any]) -> dict[str
 
 
 def reasoning_gym_splits(
-    reasoning_gym: str, config: dict[str, Any] | None = None, num_train: int = 1000, num_test: int = 100, seed: int = 0
+    reasoning_gym: str,
+    config: dict[str, Any] | None = None,
+    num_train: int = 1000,
+    num_test: int = 100,
+    seed: int = 0,
+    train_seed: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Train and test rows of the task `reasoning_gym`, disjoint by question text."""
+    """Train and test rows of the task `reasoning_gym`, disjoint by question text.
+
+    `seed` draws the test split, `train_seed` (default: `seed`) the training split.
+    """
     config = dict(config or {})
     if num_train < 0 or num_test < 0:
         raise ValueError("recipe `dataset`: num_train and num_test must be >= 0")
@@ -67,7 +79,8 @@ def reasoning_gym_splits(
             seen.add(entry["question"])
             test.append(to_row(reasoning_gym, config, entry))
     budget = 2 * num_train + 100  # room for the questions skipped as duplicates or test questions
-    train_set = _create(reasoning_gym, seed + TRAIN_SEED_OFFSET, max(budget, 1), config)
+    train_base = seed if train_seed is None else train_seed
+    train_set = _create(reasoning_gym, train_base + TRAIN_SEED_OFFSET, max(budget, 1), config)
     train = []
     for index in range(budget):
         if len(train) == num_train:

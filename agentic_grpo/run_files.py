@@ -1,7 +1,8 @@
 """The files a run leaves in its output directory, and what they mean.
 
 - `run.json`: the recipe and the run's status, `running` until training ends, then
-  `completed` or `failed`: a directory is never mistaken for a finished run.
+  `completed` or `failed`: a directory is never mistaken for a finished run; `dataset` is the
+  recipe's data spec as loaded, with the training seed drawn for the run (`data.with_training_seed`).
 - `metrics.jsonl`: one JSON object per logging step (the same numbers as W&B).
 - `trajectories/step_NNNNNN.jsonl`: every trajectory of sampled steps, segments, tool
   calls, rewards and advantages included (read them with `agentic-grpo show`).

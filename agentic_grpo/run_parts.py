@@ -49,7 +49,7 @@ def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dic
     model is loaded: an unknown field or option, a plug-in that does not import, a column a reward needs.
     """
     from agentic_grpo.config import read_recipe
-    from agentic_grpo.data import check_columns, load_task_data
+    from agentic_grpo.data import check_columns, load_task_data, with_training_seed
     from agentic_grpo.reward_setup import build_rewards, check_reward_columns, guard_rewards
 
     recipe, config, model_config = read_recipe(argv)
@@ -60,6 +60,9 @@ def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dic
     config.reward_weights = weights
     built = BuiltRecipe(recipe, config, model_config, parts, guard_rewards(rewards, config.on_reward_error))
     if load_data:
+        # The training seed is decided here, once, so the run can record it (run.json) and a resume reuse it.
+        resuming = config.output_dir if getattr(config, "resume_from_checkpoint", None) else None
+        recipe.dataset = with_training_seed(recipe.dataset, resuming)
         built.train, built.test = load_task_data(recipe.dataset)
         for where, rows in (("training data", built.train), ("test data", built.test)):
             if rows is not None:

@@ -88,6 +88,8 @@ class PreparedRun:
     peft_config: Any
     quantization_config: Any
     argv: list[str]
+    dataset: Any = None
+    """The recipe's `dataset` spec as loaded: with generated data, the training seed drawn for this run."""
 
 
 def prepare(argv: list[str]) -> PreparedRun:
@@ -143,7 +145,9 @@ def prepare(argv: list[str]) -> PreparedRun:
     check_output_dir(config)
     train = add_prompts(train, parts.trajectory_format)
     test = add_prompts(test, parts.trajectory_format) if test is not None else None
-    return PreparedRun(config, model_path, parts, rewards, train, test, peft_config, quantization, argv)
+    return PreparedRun(
+        config, model_path, parts, rewards, train, test, peft_config, quantization, argv, built.recipe.dataset
+    )
 
 
 def run(prepared: PreparedRun) -> int:
@@ -163,7 +167,8 @@ def run(prepared: PreparedRun) -> int:
     )  # fmt: skip
     main_process = trainer.accelerator.is_main_process
     if main_process:
-        write_run_status(config.output_dir, "running", argv=prepared.argv, model=model_path, started=time.ctime(start))
+        write_run_status(config.output_dir, "running", argv=prepared.argv, model=model_path, started=time.ctime(start),
+                         dataset=prepared.dataset)  # fmt: skip
         from agentic_grpo.cpu_threads import check_shared_cores
 
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", trainer.accelerator.num_processes))

@@ -82,12 +82,14 @@ def main() -> int:
     parser.add_argument("--output-dir", default=None, help="run directories' prefix (default: outputs/cotrain)")
     args = parser.parse_args()
 
+    from agentic_grpo.data import shared_training_seed
     from agentic_grpo.resources import find_shipped
 
     source = find_shipped(args.recipe, "recipes", ".yaml")
     recipe = yaml.safe_load(source.read_text())
     stem = f"{args.output_dir or Path('outputs') / 'cotrain'}-{source.stem}"
     Path(stem).parent.mkdir(parents=True, exist_ok=True)
+    recipe = shared_training_seed(recipe, f"{stem}-train_seed")  # both arms train on the same rows
     key = {"questions": args.questions, "k": args.k}
     before_key = {**key, "recipe": source.read_text()}
     before = cached(Path(f"{stem}-before.json"), before_key,

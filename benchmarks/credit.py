@@ -151,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import yaml
 
+    from agentic_grpo.data import shared_training_seed
     from agentic_grpo.resources import find_shipped
 
     base_path = find_shipped(args.recipe, "recipes", ".yaml")
     base = yaml.safe_load(base_path.read_text())
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    base = shared_training_seed(base, out / "train_seed")  # every arm and seed trains on the same rows
     steps = sorted({0, *range(args.eval_every, args.max_steps + 1, args.eval_every), args.max_steps})
 
     base_recipe = out / "base.yaml"

@@ -10,6 +10,10 @@ column, each kind's figures (`kinds`), as `agentic-grpo eval` does. Each evaluat
 `<run dir>/held_out.trajectories.jsonl` and `<prefix>-<recipe>-before-eval.trajectories.jsonl`
 (`agentic-grpo show` reads them).
 
+Every training seed trains on the same rows, drawn with the recipe's dataset `seed` (a copy of the recipe with
+`train_seed` set is kept beside the runs), so figures reproduce; a plain `agentic-grpo train` draws its training
+rows with a secret seed per run.
+
 Nothing finished is done twice: the untrained model's result and each seed's are kept next to the
 run directories (`<prefix>-<recipe>-before.json`, `<prefix>-<recipe>-seedN.json`) and reused when
 the recipe and budget match, so an interrupted benchmark picks up at the seed it stopped in.
@@ -131,6 +135,21 @@ def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Na
     return run
 
 
+def pinned_training_rows(recipe: Path, copy: Path) -> str:
+    """The recipe to train, as a path: for generated data with no `train_seed`, a copy at `copy` whose training
+    rows are drawn with its `seed` (`agentic-grpo train` draws a secret seed per run otherwise), so that every
+    training seed of the benchmark, and every rerun of it, trains on the same rows."""
+    import yaml
+
+    spec = yaml.safe_load(recipe.read_text())
+    dataset = spec.get("dataset")
+    if not isinstance(dataset, dict) or "train_seed" in dataset or not {"generator", "reasoning_gym"} & set(dataset):
+        return str(recipe)
+    spec["dataset"] = {**dataset, "train_seed": dataset.get("seed", 0)}
+    copy.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(copy)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         prog="agentic-grpo bench learning", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,11 +168,12 @@ def main() -> int:
 
     from agentic_grpo.resources import find_shipped
 
-    recipe = str(find_shipped(args.recipe, "recipes", ".yaml"))
-    base_model = yaml.safe_load(Path(recipe).read_text())["model_name_or_path"]
+    shipped = find_shipped(args.recipe, "recipes", ".yaml")
     prefix = args.output_dir or str(Path("outputs") / "learning")
-    stem = f"{prefix}-{Path(recipe).stem}"
+    stem = f"{prefix}-{shipped.stem}"
     Path(stem).parent.mkdir(parents=True, exist_ok=True)  # a prefix in a new directory
+    recipe = pinned_training_rows(shipped, Path(f"{stem}-recipe.yaml"))
+    base_model = yaml.safe_load(Path(recipe).read_text())["model_name_or_path"]
     key = {"recipe": Path(recipe).read_text(), "questions": args.questions, "k": args.k}
     measure_before = functools.partial(
         held_out, base_model, recipe, args.questions, args.k, Path(f"{stem}-before-eval.json")
@@ -166,7 +186,7 @@ def main() -> int:
     gains = [r["gain_points"] for r in runs]
     result = {
         "benchmark": "learning",
-        "recipe": Path(recipe).name,
+        "recipe": shipped.name,
         "scoring": "strict: the final answer is the reference number itself",
         "questions": args.questions,
         "k": args.k,

@@ -24,8 +24,8 @@ def test_train_and_test_never_share_a_question_even_on_a_tiny_task():
 
 
 def test_a_recipe_dataset_names_the_task_and_the_split_is_reproducible():
-    train, test = load_task_data({**SPEC, "seed": 3})
-    again, _ = load_task_data({**SPEC, "seed": 3})
+    train, test = load_task_data({**SPEC, "seed": 3, "train_seed": 5})
+    again, _ = load_task_data({**SPEC, "seed": 3, "train_seed": 5})
     assert list(train["question"]) == list(again["question"])
     assert set(train.column_names) >= {"question", "answer", "rg_task", "rg_config", "rg_entry"}
 
@@ -75,7 +75,9 @@ def test_eval_data_beyond_the_recipes_test_split_drops_its_training_questions(tm
     import yaml
 
     recipe = yaml.safe_load(open("recipes/ci_tiny.yaml"))
-    recipe.update(dataset={**SPEC, "seed": 0}, rewards=[{"type": "agentic_grpo.rewards.rules:Correctness"}])
+    recipe.update(
+        dataset={**SPEC, "seed": 0, "train_seed": 0}, rewards=[{"type": "agentic_grpo.rewards.rules:Correctness"}]
+    )
     path = tmp_path / "rg.yaml"
     path.write_text(yaml.safe_dump(recipe))
     output = tmp_path / "eval.json"
