@@ -276,9 +276,10 @@ def test_the_sandbox_setting_takes_a_mode_or_a_mapping_and_names_a_misspelled_li
         AgenticGRPOConfig(output_dir="/tmp/unused", sandbox="docker")
 
 
-def test_slots_see_of_opt_only_an_interpreter_prefix_that_lives_there(monkeypatch, tmp_path):
-    """/opt holds training data (/opt/ml/input/data) and other installs: neither layer grants it, only /opt/conda-like
-    prefixes of the interpreter the slots run."""
+def test_slots_see_of_opt_only_the_interpreter_files_that_live_there(monkeypatch, tmp_path):
+    """/opt holds training data (/opt/ml/input/data) and other installs: neither layer grants it, only what an
+    /opt/conda-like base interpreter needs (its binary and its `lib`), never the whole prefix."""
+    import shutil
     import sys
     import tempfile
     from pathlib import Path
@@ -290,14 +291,19 @@ def test_slots_see_of_opt_only_an_interpreter_prefix_that_lives_there(monkeypatc
     except OSError as exc:
         pytest.skip(f"cannot make a stand-in interpreter prefix under /opt: {exc.strerror}")
     try:
+        (conda / "lib").mkdir()
+        (conda / "bin").mkdir()
+        (conda / "bin" / "python3").write_text("")
         for name in ("prefix", "base_prefix", "exec_prefix", "base_exec_prefix"):
             monkeypatch.setattr(sys, name, str(conda))
+        monkeypatch.setattr(sys, "_base_executable", str(conda / "bin" / "python3"), raising=False)
         argv = bwrap.bwrap_argv(SandboxConfig(), str(tmp_path), None, {}, ["true"])
         bound = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--ro-bind", "--bind")]
         launcher = bwrap.launcher_argv(str(tmp_path), None, {}, ["true"], seccomp_hex=None, landlock_require=[])
-        readable = json.loads(launcher[-1])["landlock"]["read"]
+        readable = json.loads(launcher[-2])["landlock"]["read"]  # the spec, then the command
+        needed = {str(conda / "lib"), str(conda / "bin" / "python3")}
         for granted in (bound, readable):
-            assert str(conda) in granted
-            assert not [p for p in granted if p == "/opt" or (p.startswith("/opt/") and p != str(conda))]
+            assert needed <= set(granted)
+            assert not [p for p in granted if p == "/opt" or (p.startswith("/opt/") and p not in needed)]
     finally:
-        conda.rmdir()
+        shutil.rmtree(conda)

@@ -202,9 +202,9 @@ def test_cgroup_and_workspace_quota_live_and_die_with_the_slot():
 
 @pytest.mark.integration
 def test_launcher_refuses_when_landlock_enforces_less_than_reported():
-    spec = {"argv": ["true"], "cwd": tempfile.gettempdir(), "env": {"PATH": bwrap.SAFE_PATH}, "rlimits": {},
+    spec = {"cwd": tempfile.gettempdir(), "env": {"PATH": bwrap.SAFE_PATH}, "rlimits": {},
             "landlock": {"read": ["/usr"], "write": [], "devices": [], "require": ["filesystem", "no_such_feature"]}}  # fmt: skip
-    proc = run_python("-I", "-S", bwrap.LAUNCHER, json.dumps(spec))
+    proc = run_python("-I", "-S", bwrap.LAUNCHER, json.dumps(spec), "true")
     assert proc.returncode == 127
     assert "does not enforce ['no_such_feature']" in proc.stderr
 

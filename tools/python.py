@@ -7,13 +7,22 @@ output), and whatever it prints comes back as the observation.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from agentic_grpo import ToolEnvironment, ToolResult
+from agentic_grpo.sandbox.slot_python import DEFAULT_PACKAGES
 
 
 class PythonInterpreter(ToolEnvironment):
-    """Runs Python code in an isolated sandbox slot; the workspace persists across calls of one trajectory."""
+    """Runs Python code in an isolated sandbox slot; the workspace persists across calls of one trajectory.
+
+    The code imports the standard library and `sandbox_packages` only, never the trainer's environment
+    (which holds the task generators). A subclass widens or narrows the list, e.g.
+    `sandbox_packages = (*DEFAULT_PACKAGES, "scipy")`; dependencies must be listed too.
+    """
 
     needs_sandbox = True
+    sandbox_packages: ClassVar[tuple[str, ...]] = DEFAULT_PACKAGES
 
     def python(self, code: str) -> ToolResult:
         """Run Python code and return what it prints.
@@ -21,7 +30,8 @@ class PythonInterpreter(ToolEnvironment):
         Args:
             code: A complete Python program; use print() to show results.
         """
-        result = self.sandbox.run_python(code)  # the slot's deadline: the recipe's `tool_timeout`
+        # The slot's deadline: the recipe's `tool_timeout`.
+        result = self.sandbox.run_python(code, packages=self.sandbox_packages)
         output = result.stdout
         if result.stderr:
             output += ("\n" if output else "") + result.stderr

@@ -6,7 +6,9 @@ host (did the decoy file change, did the listener get a connection, did the hear
 an orphan keep beating), not only by what the sandboxed code claims. Every attack is
 bounded: the fork bomb stops by itself, the allocation is refused at once. This module
 holds the first round (filesystem, network, processes); `attacks_kernel`, `attacks_ipc`
-and `attacks_resources` the second (keyrings, namespaces, IPC, memory, disk, CPU, cleanup).
+and `attacks_resources` the second (keyrings, namespaces, IPC, memory, disk, CPU, cleanup);
+`attacks_host` and `attacks_limits` what Landlock does not mediate (other processes' priority
+and limits, file metadata, ptrace of pid 1) and limits outside RLIMIT_AS (kernel buffers, long code).
 """
 
 from __future__ import annotations
@@ -20,8 +22,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .attack_support import AttackResult, Context, last_json, run_code, still_growing, uid_processes
+from .attacks_host import metadata_outside, other_process_priority, ptrace_init, xattr_carryover
 from .attacks_ipc import sysv_ipc, unix_abstract_squat, unix_socket_by_path, unix_socket_types
-from .attacks_kernel import keyring_session, keyring_user_carryover, namespaces_and_uring, vsock_port_space
+from .attacks_kernel import (
+    host_uevents,
+    inotify_shared_files,
+    keyring_session,
+    keyring_user_carryover,
+    namespaces_and_uring,
+    vsock_port_space,
+)
+from .attacks_limits import big_code, kernel_buffer_memory
+from .attacks_python import trainer_environment
 from .attacks_resources import (
     cpu_share,
     deep_tree_cleanup,
@@ -404,6 +416,15 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         readonly_tree_cleanup,
         launcher_nofile_cleanup,
         launcher_cpu_cleanup,
+        trainer_environment,
+        other_process_priority,
+        xattr_carryover,
+        metadata_outside,
+        ptrace_init,
+        kernel_buffer_memory,
+        big_code,
+        host_uevents,
+        inotify_shared_files,
     )
 }
 

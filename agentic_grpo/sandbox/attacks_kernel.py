@@ -206,3 +206,53 @@ def namespaces_and_uring(ctx: Context, slot: SandboxSlot) -> AttackResult:
     if "MOUNTED" in out.get("unshare_cmd", []) or "0" in out.get("unshare_cmd", []):
         harmed.append("unshare -Urm: uid 0 and a mount")
     return AttackResult("namespaces_and_uring", not harmed and bool(out), f"harmed: {harmed} {out}")
+
+
+def host_uevents(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Listen to the kernel's device events: a network namespace of the host's user namespace (bwrap as root)
+    receives the host's, so a bound uevent socket would show what the host plugs, mounts and loads.
+
+    Nothing is triggered on the host: harm is a socket bound to the uevent group at all.
+    """
+    result = run_code(slot, """
+        import json, socket
+        out = {}
+        try:
+            s = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 15)  # NETLINK_KOBJECT_UEVENT
+            s.bind((0, 1))
+            out["bound"] = "OK"
+        except OSError as exc:
+            out["bound"] = exc.errno
+        print(json.dumps(out))
+        """)  # fmt: skip
+    out = last_json(result)
+    return AttackResult("host_uevents", bool(out) and out.get("bound") != "OK", f"code said {out or result.stderr}")
+
+
+def inotify_shared_files(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Watch the interpreter's standard library, which every slot and the trainer read: each open by a concurrent
+    slot would show here (which modules it imports). inotify and fanotify watches are tried.
+
+    Harm is a watch placed on a file outside the workspace (no second slot is needed to show that).
+    """
+    result = run_code(slot, """
+        import ctypes, json, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        target = os.path.dirname(os.__file__).encode()
+        out = {}
+        fd = libc.inotify_init1(0)
+        if fd < 0:
+            out["inotify"] = ctypes.get_errno()
+        else:
+            out["inotify"] = "OK" if libc.inotify_add_watch(fd, target, 0x20 | 0x1) >= 0 else ctypes.get_errno()
+        fd = libc.fanotify_init(0x200, 0)  # FAN_REPORT_FID: the form unprivileged users may create
+        if fd < 0:
+            out["fanotify"] = ctypes.get_errno()
+        else:
+            mark = libc.fanotify_mark(fd, 1, ctypes.c_uint64(0x20), -100, target)  # FAN_MARK_ADD, FAN_OPEN
+            out["fanotify"] = "OK" if mark >= 0 else ctypes.get_errno()
+        print(json.dumps(out))
+        """)  # fmt: skip
+    out = last_json(result)
+    harmed = [k for k, v in out.items() if v == "OK"]
+    return AttackResult("inotify_shared_files", bool(out) and not harmed, f"harmed: {harmed} code said {out}")

@@ -151,8 +151,19 @@ def _quota_cores(directory) -> float | None:  # noqa: ANN001 - a Path
         return None
 
 
-DEEP_TREE_CODE = """
-import os
+# chmod is refused where slots share the trainer's uid (Landlock without root): the trees are
+# then as locked as mkdir's mode alone makes them, and the cleanup is checked on those.
+_LOCK = """
+def lock(path, mode):
+    try:
+        os.chmod(path, mode)
+    except PermissionError:
+        print("chmod refused", path)
+"""
+DEEP_TREE_CODE = (
+    "import os\n"
+    + _LOCK
+    + """
 top = os.getcwd()
 os.mkdir("deep")
 os.chdir("deep")
@@ -165,11 +176,13 @@ os.chdir(top)
 os.makedirs("locked/inner")
 for i in range(200):
     open(f"locked/inner/{{i}}", "w").close()
-os.chmod("locked/inner", 0)
-os.chmod("locked", 0)
+lock("locked/inner", 0)
+lock("locked", 0)
+os.mkdir("born_locked", 0)
 os.symlink("/", "locked_link")
 print("BUILT")
 """
+)
 
 
 def deep_tree_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:
@@ -180,20 +193,24 @@ def deep_tree_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:
     return AttackResult("deep_tree_cleanup", built and gone, f"built={built} {detail}")
 
 
-READONLY_TREE_CODE = """
-import os
+READONLY_TREE_CODE = (
+    "import os\n"
+    + _LOCK
+    + """
 os.symlink({outside!r}, "to_outside")  # bait: a host directory without u+w
 for top, mode in (("readonly", 0o500), ("locked", 0o000), ("mixed", 0o500)):
     os.makedirs(f"{{top}}/inner/leaf")
+    os.makedirs(f"{{top}}/born", mode)  # made with the mode: no chmod needed
     os.symlink({outside!r}, f"{{top}}/inner/to_outside")
     for directory in (f"{{top}}/inner/leaf", f"{{top}}/inner", top):
         for i in range(50):
             with open(f"{{directory}}/{{i}}", "wb") as f:
                 f.write(b"x" * 4096)
-        os.chmod(directory, 0o000 if (top, directory) == ("mixed", "mixed/inner") else mode)
-os.chmod(".", 0o500)  # the workspace itself
+        lock(directory, 0o000 if (top, directory) == ("mixed", "mixed/inner") else mode)
+lock(".", 0o500)  # the workspace itself
 print("BUILT")
 """
+)
 
 
 def readonly_tree_cleanup(ctx: Context, slot: SandboxSlot) -> AttackResult:

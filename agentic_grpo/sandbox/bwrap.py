@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from . import slot_python
 from .config import SandboxConfig
 
 LAUNCHER = str(Path(__file__).resolve().with_name("launcher.py"))
@@ -43,20 +44,30 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
 def interpreter_paths() -> list[str]:
-    """Directories the trainer's interpreter needs (venv and base install), made read-only in slots."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    paths.add(str(Path(sys.executable).parent))
-    paths.add(str(Path(sys.executable).resolve().parent.parent))
-    covered = [p for p in sorted(paths) if p and os.path.exists(p)]
+    """What the base interpreter needs outside the system directories (`slot_python.interpreter_paths`), read-only.
+
+    Never the trainer's venv or site-packages: those are `hidden_paths`.
+    """
     system = tuple(os.path.realpath(d) for d in SYSTEM_DIRS)
-    keep: list[str] = []
-    for path in covered:
-        if any(path == s or path.startswith(s + "/") for s in system):
-            continue
-        if any(path.startswith(k + "/") for k in keep):
-            continue
-        keep.append(path)
-    return keep
+    return [p for p in slot_python.interpreter_paths() if not any(p == s or p.startswith(s + "/") for s in system)]
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def hidden_paths(granted: list[str], keep: list[str]) -> list[str]:
+    """The trainer's paths (`slot_python.trainer_paths`) that lie inside a granted tree, so must be masked there.
+
+    One that holds a path slots need (`keep`: the interpreter, a workspace, a granted path) stays visible.
+    """
+    trees = [os.path.realpath(p) for p in granted]
+    needed = [os.path.realpath(p) for p in keep] + trees
+    return [
+        path
+        for path in slot_python.trainer_paths()
+        if any(_within(path, t) and path != t for t in trees) and not any(_within(n, path) for n in needed)
+    ]
 
 
 def environment(workspace: str) -> dict[str, str]:
@@ -106,17 +117,23 @@ def bwrap_argv(
     command: list[str],
     *,
     seccomp_fd: int | None = None,
+    read_paths: tuple[str, ...] | list[str] = (),
 ) -> list[str]:
     """bubblewrap: all namespaces, a read-only system, the workspace the only writable bind.
 
     As root, bwrap runs privileged (no user namespace needed) and the command then drops to
     the slot uid through setpriv inside; unprivileged, bwrap's user namespace maps the caller.
     seccomp_fd: a descriptor holding the filter program (`seccomp.build`), loaded before the command.
+    read_paths: more paths bound read-only for this command (the slot interpreter's prefix).
+    The trainer's own paths inside any bound tree are masked by empty read-only mounts (`hidden_paths`).
     """
     argv = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
     if uid is None:
         argv[1:2] = ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
-        argv += ["--unshare-cgroup-try", "--disable-userns", "--cap-drop", "ALL"]
+        # --as-pid-1: no bwrap process inside the namespace. Its init would be a same-uid process
+        # with the trainer's limits and no seccomp filter, which the code could ptrace or write
+        # through /proc/1/mem. The command's own pid 1 reaps nothing; its exit ends the namespace.
+        argv += ["--unshare-cgroup-try", "--disable-userns", "--cap-drop", "ALL", "--as-pid-1"]
     else:
         argv[1:2] = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     for key, value in environment(workspace).items():
@@ -138,10 +155,16 @@ def bwrap_argv(
         elif os.path.isdir(directory):
             argv += ["--ro-bind", directory, directory]
         made.add(directory)
-    for path in [*ETC_FILES, *interpreter_paths(), *config.extra_ro_paths]:
+    granted = [*interpreter_paths(), *config.extra_ro_paths, *read_paths]
+    for path in [*ETC_FILES, *granted]:
         if os.path.exists(path):
             argv += parents(path) + ["--ro-bind", path, path]
             made.add(path)
+    for path in hidden_paths([*SYSTEM_DIRS, *granted], [workspace, *granted]):
+        if os.path.isdir(path):
+            argv += ["--perms", "0555", "--tmpfs", path, "--remount-ro", path]
+        else:
+            argv += ["--ro-bind", "/dev/null", path]
     # /dev is remounted read-only below: its device nodes still work, /dev/shm cannot be written.
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0555", "--dir", "/tmp"]
     made.add("/tmp")
@@ -172,15 +195,21 @@ def launcher_argv(
     landlock_require: None for no Landlock (unsafe-local), else the features it must enforce.
     report_fd: an inherited pipe the launcher writes the code's process group to (see `Spawner.sweep`).
     """
-    spec: dict = {"argv": list(command), "cwd": workspace, "env": environment(workspace), "rlimits": limits}
+    spec: dict = {"cwd": workspace, "env": environment(workspace), "rlimits": limits}
     if nice:
         spec["nice"] = nice
     if landlock_require is not None:
-        read = [*SYSTEM_DIRS, *ETC_FILES, *interpreter_paths(), *(extra_ro_paths or [])]
+        granted = [*interpreter_paths(), *(extra_ro_paths or [])]
+        read = [*SYSTEM_DIRS, *ETC_FILES, *granted]
         spec["landlock"] = {"read": read, "write": [workspace], "devices": list(DEVICES), "require": landlock_require}
+        # Landlock cannot take a right back below a granted directory: the launcher grants around these.
+        spec["landlock"]["hidden"] = hidden_paths(read, [workspace, *granted])
+        spec["landlock"]["listable"] = slot_python.stdlib_dirs()
     if seccomp_hex:
         spec["seccomp"] = seccomp_hex
     if report_fd is not None:
         spec["report_fd"] = report_fd
     argv = setpriv_argv(uid) if uid is not None else []
-    return argv + [sys.executable, "-I", "-S", LAUNCHER, json.dumps(spec)]
+    # The command follows the spec as argv strings of its own: inside the JSON its escapes (\n,
+    # \uXXXX) could push code under run_python's file threshold past the kernel's 128 KiB per string.
+    return argv + [sys.executable, "-I", "-S", LAUNCHER, json.dumps(spec), *command]

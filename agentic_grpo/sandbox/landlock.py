@@ -68,13 +68,58 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-def restrict(read_paths: list[str], write_paths: list[str], device_paths: list[str], abi: int | None = None) -> dict:
+def read_grants(read_paths: list[str], hidden: list[str] = (), listable: list[str] = ()) -> list[tuple[str, bool]]:
+    """(path, whole) rules that grant `read_paths` but nothing of `hidden` below them.
+
+    A Landlock right on a directory covers its whole tree and cannot be taken back below it, so a
+    directory with a hidden path inside is granted entry by entry instead (links skipped: their
+    targets are reachable where granted themselves). Such a split directory can then not be listed,
+    unless it is in `listable` (a `sys.path` directory the interpreter must list to import from);
+    listing is hierarchical, so the names, never the contents, below it show.
+    """
+    hide = {os.path.realpath(p) for p in hidden}
+    lists = {os.path.realpath(p) for p in listable}
+    grants: list[tuple[str, bool]] = []
+    seen: set[str] = set()
+
+    def visit(path: str) -> None:
+        if path in seen or path in hide:
+            return
+        seen.add(path)
+        if not any(h.startswith(path.rstrip("/") + "/") for h in hide) or not os.path.isdir(path):
+            grants.append((path, True))
+            return
+        if path in lists:
+            grants.append((path, False))
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return
+        for name in names:
+            child = os.path.join(path, name)
+            if not os.path.islink(child):
+                visit(child)
+
+    for path in read_paths:
+        visit(os.path.realpath(path))
+    return grants
+
+
+def restrict(
+    read_paths: list[str],
+    write_paths: list[str],
+    device_paths: list[str],
+    abi: int | None = None,
+    *,
+    hidden: list[str] = (),
+    listable: list[str] = (),
+) -> dict:
     """Confine this process and its future children with Landlock.
 
-    read_paths may be read and executed, write_paths are fully writable, device_paths
-    (e.g. /dev/null) may be read and written. Everything else on the filesystem, every TCP
-    bind/connect (ABI >= 4), abstract unix sockets and signals to processes outside the
-    domain (ABI >= 6) are denied. Returns what was enforced.
+    read_paths may be read and executed, except `hidden` paths below them (see `read_grants`);
+    write_paths are fully writable, device_paths (e.g. /dev/null) may be read and written.
+    Everything else on the filesystem, every TCP bind/connect (ABI >= 4), abstract unix sockets
+    and signals to processes outside the domain (ABI >= 6) are denied. Returns what was enforced.
     """
     abi = abi_version() if abi is None else abi
     if abi < 1:
@@ -90,21 +135,24 @@ def restrict(read_paths: list[str], write_paths: list[str], device_paths: list[s
     )
     read_rights = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
     device_rights = FS_READ_FILE | FS_WRITE_FILE | (FS_IOCTL_DEV if abi >= 5 else 0)
+    rules = [
+        (path, read_rights if whole else FS_READ_DIR) for path, whole in read_grants(read_paths, hidden, listable)
+    ]
+    rules += [(path, handled_fs) for path in write_paths] + [(path, device_rights) for path in device_paths]
     try:
-        for paths, rights in ((read_paths, read_rights), (write_paths, handled_fs), (device_paths, device_rights)):
-            for path in paths:
-                try:
-                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                except OSError:
-                    continue  # a path this host lacks is simply not granted
-                try:
-                    allowed = rights & handled_fs
-                    if not os.path.isdir(path):
-                        allowed &= _FILE_ONLY
-                    rule = ctypes.create_string_buffer(struct.pack("<Qi", allowed, fd), 12)
-                    _check(_LIBC.syscall(_SYS_LANDLOCK_ADD_RULE, ruleset, 1, rule, 0), f"landlock rule {path}")
-                finally:
-                    os.close(fd)
+        for path, rights in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # a path this host lacks is simply not granted
+            try:
+                allowed = rights & handled_fs
+                if not os.path.isdir(path):
+                    allowed &= _FILE_ONLY
+                rule = ctypes.create_string_buffer(struct.pack("<Qi", allowed, fd), 12)
+                _check(_LIBC.syscall(_SYS_LANDLOCK_ADD_RULE, ruleset, 1, rule, 0), f"landlock rule {path}")
+            finally:
+                os.close(fd)
         _check(_LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         _check(_LIBC.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:

@@ -1,7 +1,7 @@
 """The in-slot launcher of the Landlock and unsafe-local layers: a tiny process between trainer and code.
 
 The trainer is threaded, so it cannot use `preexec_fn` to set limits in its children. It
-starts this script instead (`python -I -S launcher.py SPEC_JSON`), which, single-threaded:
+starts this script instead (`python -I -S launcher.py SPEC_JSON COMMAND...`), which, single-threaded:
 becomes a child subreaper (orphans and setsid grandchildren re-parent to it), forks the
 command with rlimits, a new session, a lower CPU priority, Landlock and seccomp applied, waits for it, and then
 kills every descendant that is left, so nothing outlives a call. On SIGTERM (the trainer's
@@ -131,7 +131,8 @@ def _child(spec: dict) -> None:
             os.nice(spec["nice"])
         fs = spec.get("landlock")
         if fs is not None:
-            enforced = landlock.restrict(fs["read"], fs["write"], fs["devices"])
+            enforced = landlock.restrict(fs["read"], fs["write"], fs["devices"], hidden=fs.get("hidden", []),
+                                         listable=fs.get("listable", []))  # fmt: skip
             # The probe reported these as enforced: a kernel that now enforces less must not run the code.
             missing = [name for name in fs.get("require", []) if not enforced.get(name)]
             if missing:
@@ -150,6 +151,7 @@ def _child(spec: dict) -> None:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    spec["argv"] = sys.argv[2:]  # separate strings: each may use the kernel's whole 128 KiB
     landlock.set_child_subreaper()
     landlock.set_parent_death_signal(signal.SIGTERM)  # trainer gone: clean up and leave
     signal.signal(signal.SIGTERM, _on_signal)

@@ -25,6 +25,7 @@ from .config import SandboxConfig, SandboxUnavailable
 from .protections import protections
 from .runner import execute
 from .slot import Spawner, UidLease, private_dir
+from .slot_python import base_executable
 from .workspace import make_workspace, remove_tree
 
 logger = logging.getLogger(__name__)
@@ -120,10 +121,9 @@ def _try(spawner: Spawner, root: bool) -> str:
             uid = lease.uid
         workspace, _ = make_workspace(base, "probe", uid)
         limits = cmdlines.rlimits(spawner.config, 20, spawner.config.memory_mb)
+        command = [base_executable(), "-I", "-S", "-c", "print('sandbox-ok')"]
         result = execute(
-            spawner.argv(
-                str(workspace), uid, limits, [sys.executable, "-I", "-S", "-c", "print('sandbox-ok')"], seccomp_fd=fd
-            ),  # fmt: skip
+            spawner.argv(str(workspace), uid, limits, command, seccomp_fd=fd),
             env={"PATH": cmdlines.SAFE_PATH},
             stdin=None,
             timeout=20,

@@ -10,8 +10,31 @@ from .config import SandboxConfig
 
 _KERNEL = (
     "seccomp refuses keyrings (add_key/request_key/keyctl), SysV IPC and POSIX message queues, new "
-    "namespaces (unshare/setns/clone with CLONE_NEW*, clone3), io_uring, userfaultfd, bpf, perf, file handles"
+    "namespaces (unshare/setns/clone with CLONE_NEW*, clone3), io_uring, userfaultfd, bpf, perf, file handles, "
+    "ptrace and process_vm_readv/writev, extended attribute writes (EOPNOTSUPP), and prlimit, setpriority, "
+    "ioprio_set and sched_setaffinity/setscheduler/setparam/setattr on any process but the caller"
 )
+_OWN_PID_1 = (
+    "; the command is the namespace's pid 1 (--as-pid-1): no bwrap process with the trainer's limits and "
+    "no filter is inside to ptrace"
+)
+_SHARED_UID_METADATA = (
+    "; seccomp refuses chmod, chown and utime in every form (Landlock does not mediate them, and the "
+    "trainer's uid owns the pool and the run's files): shutil.copy/copy2/copytree fail after copying, "
+    "shutil.copyfile works; stat() of host paths is not mediated either (sizes and times of the trainer's "
+    "files, which pids exist)"
+)
+_WMEM_DEFAULT = "/proc/sys/net/core/wmem_default"
+_PIPE_BYTES = 65536
+
+
+def _socket_buffer_bytes() -> int:
+    """The send buffer every socket keeps (the filter refuses SO_SNDBUF/SO_RCVBUF changes)."""
+    try:
+        with open(_WMEM_DEFAULT) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 212992  # the kernel's default
 
 
 def protections(layer: str, root: bool, abi: int) -> dict[str, str]:
@@ -23,7 +46,8 @@ def protections(layer: str, root: bool, abi: int) -> dict[str, str]:
             "writable, /tmp and /dev/shm read-only, no /etc secrets",
             "network": "bwrap network namespace: no interface but a downed loopback; seccomp allows only "
             "unix, inet, inet6 and netlink sockets (AF_VSOCK's port space is the host's)",
-            "isolation": f"{uid_note}pid, IPC and mount namespaces (own /proc, other workspaces not mounted)",
+            "isolation": f"{uid_note}pid, IPC and mount namespaces (own /proc, other workspaces not mounted)"
+            + ("" if root else _OWN_PID_1),
             "kernel": _KERNEL,
             "privileges": "setpriv drops to the slot uid with no capability (ambient, inheritable, bounding) and "
             "no_new_privs; user namespaces refused by seccomp"
@@ -38,7 +62,7 @@ def protections(layer: str, root: bool, abi: int) -> dict[str, str]:
         scope = "; Landlock scoping blocks signals to and ptrace of processes outside the slot" if abi >= 6 else ""
         return {
             "filesystem": f"Landlock ABI {abi}: read/execute on system dirs and the interpreter, write only in the "
-            "workspace" + ("; the slot uid owns nothing else" if root else ""),
+            "workspace" + ("; the slot uid owns nothing else" if root else _SHARED_UID_METADATA),
             "network": ("Landlock denies TCP bind/connect; " if abi >= 4 else "")
             + "seccomp allows only unix sockets, no connect() and no datagram unix sockets (host sockets by path)",
             "isolation": f"{uid_note}Landlock (no /proc, other workspaces not granted){scope}",
@@ -98,7 +122,25 @@ def bounds(
         else f"RLIMIT_FSIZE {config.max_file_mb} MB per file only: total size and file count NOT bounded"
         + why_no_quota,
         "files": f"RLIMIT_NOFILE {config.max_open_files} per process",
+        "buffers": _buffers(config, layer, "memory" in cgroup),
     }
     if "memory" in cgroup:
         out["memory"] += f"; {memfd}"
     return out
+
+
+def _buffers(config: SandboxConfig, layer: str, memory_cgroup: bool) -> str:
+    """Socket and pipe buffers: kernel memory RLIMIT_AS never sees, bounded by descriptors times buffer size."""
+    if layer == "unsafe-local":
+        return "socket and pipe buffers NOT bounded (no seccomp filter: SO_SNDBUF and F_SETPIPE_SZ allowed)"
+    socket_bytes = _socket_buffer_bytes()
+    # A process holds max_open_files descriptors and as many again in flight inside unix sockets
+    # (the kernel's limit on passed descriptors is RLIMIT_NOFILE too); each holds one queue, which
+    # the kernel lets pass its size by part of one packet (measured: 1.1x).
+    per_process_mb = 2 * config.max_open_files * max(socket_bytes, _PIPE_BYTES) * 5 // 4 >> 20
+    out = (f"socket send buffers fixed at net.core.wmem_default ({socket_bytes >> 10} KiB), pipes at 64 KiB "
+           f"(seccomp: SO_SNDBUF/SO_RCVBUF changes ignored, F_SETPIPE_SZ refused): at most about "
+           f"{per_process_mb} MB of kernel buffers per process, outside RLIMIT_AS")  # fmt: skip
+    if memory_cgroup:
+        return out + "; the memory cgroup bounds the slot's total"
+    return out + f"; NOT bounded per slot (up to max_processes x {per_process_mb} MB)"

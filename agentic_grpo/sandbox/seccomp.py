@@ -15,10 +15,30 @@ from a file descriptor (`--seccomp FD`). Refused with EPERM unless noted:
 - sockets outside an allow-list of address families (AF_VSOCK's port space is the host's);
   on the Landlock layer, whose slots share the host's network namespace, also
   connect(), bind() and every unix socket but a stream one (see `build`);
-- prlimit64 on any process but the caller (pid 0, which setrlimit and the `prlimit` command use):
-  without root a slot shares the uid of its launcher and of the trainer, and could lower their
-  limits (an open-file limit of 0 breaks the launcher's cleanup, a CPU limit of 0 kills it and
-  leaves the code's background processes behind; a file-size limit of 0 breaks the trainer's writes);
+- calls that change another process: prlimit64, sched_setaffinity, sched_setscheduler,
+  sched_setparam and sched_setattr on any pid but 0 (the caller, which setrlimit, `prlimit`,
+  `taskset` and Python's os.sched_* use), setpriority on anything but (PRIO_PROCESS, 0) and
+  ioprio_set on anything but (IOPRIO_WHO_PROCESS, 0) (`nice` and `ionice CMD` use those).
+  Without root a slot shares the uid of its launcher and of the trainer: it could lower their
+  limits (an open-file limit of 0 breaks the launcher's cleanup, a CPU limit of 0 kills it; a
+  file-size limit of 0 breaks the trainer's writes), pin them to one CPU or idle their CPU and
+  I/O priority, one process, one group or the whole uid at once. The filter cannot tell the
+  caller's own non-zero pid from another one, so `renice -p $$` is refused too;
+- ptrace and process_vm_readv/writev: no tool debugs another process, and under bwrap
+  without root the namespace's pid 1 would otherwise be a same-uid process to inject into;
+- inotify and fanotify: a watch on a file every slot reads (the interpreter's modules) shows
+  what a concurrent slot, or the trainer, opens;
+- netlink's uevent family (NETLINK_KOBJECT_UEVENT): bwrap as root makes a network namespace
+  of the host's user namespace, and the kernel sends the host's device events to those;
+- extended attribute writes (setxattr, removexattr and their l/f/at forms) answer EOPNOTSUPP,
+  as on a filesystem without xattrs (`cp -a` and shutil.copy2 carry on): Landlock does not
+  mediate them, and a user.* attribute on a shared file is a message to the next slot;
+- with deny_metadata (Landlock without root), chmod, chown and utime in every form: Landlock
+  does not mediate them either, and the trainer's uid owns the pool directory, the run's
+  files and the interpreter's environment;
+- kernel buffer memory outside RLIMIT_AS: setsockopt SO_SNDBUF/SO_RCVBUF (and their FORCE forms)
+  succeed without effect, so a socket keeps net.core.wmem_default rather than up to twice
+  wmem_max; fcntl F_SETPIPE_SZ is refused, so a pipe keeps its 64 KiB;
 - syscalls of a foreign ABI (i386 on x86_64) kill the process; x32 ones are refused.
 """
 
@@ -41,7 +61,18 @@ _NR = {
         "clone3": 435,
         "memfd_create": 319,
         "prlimit64": 302,
+        "setpriority": 141,
+        "ioprio_set": 251,
+        "setsockopt": 54,
+        "fcntl": 72,
+        "own_pid": {"sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314},
+        "xattr": {"setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
+                  "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466},
+        "metadata": {"chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93,
+                     "lchown": 94, "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280},
         "deny": {
+            "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+            "inotify_init": 253, "inotify_init1": 294, "fanotify_init": 300,
             "open_by_handle_at": 304, "name_to_handle_at": 303, "bpf": 321, "perf_event_open": 298,
             "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249, "io_uring_setup": 425,
             "io_uring_enter": 426, "io_uring_register": 427, "unshare": 272, "setns": 308, "memfd_secret": 447,
@@ -60,7 +91,17 @@ _NR = {
         "clone3": 435,
         "memfd_create": 279,
         "prlimit64": 261,
+        "setpriority": 140,
+        "ioprio_set": 30,
+        "setsockopt": 208,
+        "fcntl": 25,
+        "own_pid": {"sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122, "sched_setattr": 274},
+        "xattr": {"setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
+                  "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466},
+        "metadata": {"fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54, "utimensat": 88},
         "deny": {
+            "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
+            "inotify_init1": 26, "fanotify_init": 262,
             "open_by_handle_at": 265, "name_to_handle_at": 264, "bpf": 280, "perf_event_open": 241,
             "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218, "io_uring_setup": 425,
             "io_uring_enter": 426, "io_uring_register": 427, "unshare": 97, "setns": 268, "memfd_secret": 447,
@@ -72,7 +113,11 @@ _NR = {
 }  # fmt: skip
 
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+NETLINK_KOBJECT_UEVENT = 15
 SOCK_STREAM, SOCK_SEQPACKET = 1, 5
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+SOL_SOCKET, F_SETPIPE_SZ = 1, 1031
+BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE (same on every arch)
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 CLONE_NEW_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 BWRAP_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)  # inet/netlink are confined by the network namespace
@@ -94,8 +139,8 @@ def supported() -> bool:
 
 
 def denied_syscalls() -> list[str]:
-    """Names of the syscalls refused outright (for reports)."""
-    return sorted(_NR[machine()]["deny"]) if supported() else []
+    """Names of the syscalls refused outright on every layer (for reports)."""
+    return sorted([*_NR[machine()]["deny"], *_NR[machine()]["xattr"]]) if supported() else []
 
 
 def assemble(program: list[tuple]) -> bytes:
@@ -110,11 +155,13 @@ def assemble(program: list[tuple]) -> bytes:
     for index, (code, k, jt, jf) in enumerate(rows):
         jt_off = labels[jt] - index - 1 if isinstance(jt, str) else jt
         jf_off = labels[jf] - index - 1 if isinstance(jf, str) else jf
+        if not (0 <= jt_off < 256 and 0 <= jf_off < 256):  # classic BPF jumps forward by at most 255 rows
+            raise ValueError(f"BPF jump out of range at row {index}: {jt_off}, {jf_off}")
         out += struct.pack("<HBBI", code, jt_off, jf_off, k & 0xFFFFFFFF)
     return out
 
 
-def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -> bytes:
+def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool, deny_metadata: bool = False) -> bytes:
     """The filter program (raw `struct sock_filter` rows) for one layer.
 
     Args:
@@ -122,6 +169,9 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -
         allow_memfd: let memfd_create through (only when a memory cgroup charges its pages).
         deny_connect: the Landlock layer's unix socket rules (its slots share the host's
             network namespace, and Landlock mediates neither connect() nor sendto()).
+        deny_metadata: refuse chmod, chown and utime in every form (EPERM): for slots that
+            run as the trainer's uid outside a mount namespace, where only ownership would
+            otherwise stand between the code and the trainer's files.
 
     With deny_connect, what could reach or impersonate a host unix socket is refused:
 
@@ -146,19 +196,47 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -
         prog.append((_JGE, 0x40000000, "eperm", 0))  # x32 syscalls: not needed, not filtered
     for number in sorted(nr["deny"].values()):
         prog.append((_JEQ, number, "eperm", 0))
+    for number in sorted(nr["xattr"].values()):
+        prog.append((_JEQ, number, "eopnotsupp", 0))
+    if deny_metadata:
+        for number in sorted(nr["metadata"].values()):
+            prog.append((_JEQ, number, "eperm", 0))
     if not allow_memfd:
         prog.append((_JEQ, nr["memfd_create"], "eperm", 0))
     if deny_connect:
         prog += [(_JEQ, nr["connect"], "eperm", 0), (_JEQ, nr["bind"], "eperm", 0)]
+    for number in sorted([nr["prlimit64"], *nr["own_pid"].values()]):
+        prog.append((_JEQ, number, "pid_is_0", 0))
     prog += [
-        (_JEQ, nr["prlimit64"], "prlimit", 0),
+        (_JEQ, nr["setpriority"], "setpriority", 0),
+        (_JEQ, nr["ioprio_set"], "ioprio_set", 0),
+        (_JEQ, nr["setsockopt"], "setsockopt", 0),
+        (_JEQ, nr["fcntl"], "fcntl", 0),
         (_JEQ, nr["clone3"], "enosys", 0),
         (_JEQ, nr["clone"], "clone", 0),
         (_JEQ, nr["socketpair"], "socketpair", 0),
         (_JEQ, nr["socket"], "socket", "allow"),
-        ("label", "prlimit"),
+        ("label", "pid_is_0"),
         (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the pid; pid_t is 32 bits, 0 is the caller
         (_JEQ, 0, "allow", "eperm"),
+        ("label", "setpriority"),
+        (_LD_W_ABS, 16, 0, 0),  # args[0]: which (PRIO_PGRP and PRIO_USER reach many processes)
+        (_JEQ, PRIO_PROCESS, "who_is_0", "eperm"),
+        ("label", "ioprio_set"),
+        (_LD_W_ABS, 16, 0, 0),  # args[0]: which (IOPRIO_WHO_PGRP and IOPRIO_WHO_USER reach many)
+        (_JEQ, IOPRIO_WHO_PROCESS, "who_is_0", "eperm"),
+        ("label", "who_is_0"),
+        (_LD_W_ABS, 24, 0, 0),  # args[1] (low half): who; 0 is the caller
+        (_JEQ, 0, "allow", "eperm"),
+        ("label", "setsockopt"),
+        (_LD_W_ABS, 24, 0, 0),  # args[1]: the level
+        (_JEQ, SOL_SOCKET, 0, "allow"),
+        (_LD_W_ABS, 32, 0, 0),  # args[2]: the option
+        *[(_JEQ, option, "ignore", 0) for option in BUFFER_OPTIONS],
+        (_RET, _ALLOW, 0, 0),
+        ("label", "fcntl"),
+        (_LD_W_ABS, 24, 0, 0),  # args[1]: the command
+        (_JEQ, F_SETPIPE_SZ, "eperm", "allow"),
         ("label", "clone"),
         (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the clone flags
         (_JSET, CLONE_NEW_MASK, "eperm", "allow"),
@@ -169,11 +247,14 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -
         (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the address family
     ]
     for family in families:
-        target = "unix_type" if family == AF_UNIX and deny_connect else "allow"
+        target = "unix_type" if family == AF_UNIX and deny_connect else "netlink" if family == AF_NETLINK else "allow"
         prog.append((_JEQ, family, target, 0))
     prog += [
         ("label", "eafnosupport"),
         (_RET, _ERRNO | errno.EAFNOSUPPORT, 0, 0),
+        ("label", "netlink"),
+        (_LD_W_ABS, 32, 0, 0),  # args[2] (low half): the netlink protocol
+        (_JEQ, NETLINK_KOBJECT_UEVENT, "eperm", "allow"),
         ("label", "pair_type"),
         (_LD_W_ABS, 24, 0, 0),  # args[1] (low half): the socket type and SOCK_* flags
         (_ALU_AND, 0xF, 0, 0),  # the type without SOCK_NONBLOCK/SOCK_CLOEXEC (the kernel's SOCK_TYPE_MASK)
@@ -185,6 +266,10 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool) -
         (_JEQ, SOCK_STREAM, "allow", "eperm"),
         ("label", "enosys"),
         (_RET, _ERRNO | errno.ENOSYS, 0, 0),
+        ("label", "eopnotsupp"),
+        (_RET, _ERRNO | errno.EOPNOTSUPP, 0, 0),
+        ("label", "ignore"),
+        (_RET, _ERRNO | 0, 0, 0),  # skip the call and return 0: the kernel clamps buffer sizes silently too
         ("label", "eperm"),
         (_RET, _ERRNO | errno.EPERM, 0, 0),
         ("label", "allow"),

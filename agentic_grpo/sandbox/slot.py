@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Protocol
@@ -25,6 +24,7 @@ from .cgroup import CgroupSet, SlotCgroup
 from .config import ExecResult, SandboxConfig
 from .reclaim import kill_uid, remove_ipc
 from .runner import execute
+from .slot_python import slot_python
 from .workspace import release_workspace
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,11 @@ class Spawner:
         self.filter = b""
         if layer != "unsafe-local":
             families = seccomp.BWRAP_FAMILIES if layer == "bwrap" else seccomp.LANDLOCK_FAMILIES
-            self.filter = seccomp.build(families, allow_memfd=allow_memfd, deny_connect=layer == "landlock")
+            # Landlock without root: slots run as the trainer's uid, and Landlock does not mediate chmod/chown/utime.
+            shared_uid = layer == "landlock" and os.geteuid() != 0
+            self.filter = seccomp.build(
+                families, allow_memfd=allow_memfd, deny_connect=layer == "landlock", deny_metadata=shared_uid
+            )
 
     def seccomp_fd(self) -> int | None:
         """A fresh pipe holding the filter, for bwrap's --seccomp (bwrap reads it to the end)."""
@@ -91,12 +95,18 @@ class Spawner:
         seccomp_fd: int | None = None,
         cgroup: SlotCgroup | None = None,
         report_fd: int | None = None,
+        read_paths: tuple[str, ...] = (),
     ) -> list[str]:
-        """The full command line of one call (a cgroup-joining shell first when the slot has a group)."""
+        """The full command line of one call (a cgroup-joining shell first when the slot has a group).
+
+        read_paths: more paths the command may read (the slot interpreter's prefix).
+        """
         # Without a cpu cgroup, a lower priority is the only CPU share control left.
         nice = 0 if cgroup is not None and cgroup.has("cpu") else cmdlines.NICE
         if self.layer == "bwrap":
-            argv = cmdlines.bwrap_argv(self.config, workspace, uid, limits, command, seccomp_fd=seccomp_fd)
+            argv = cmdlines.bwrap_argv(
+                self.config, workspace, uid, limits, command, seccomp_fd=seccomp_fd, read_paths=read_paths
+            )
             if nice:
                 argv = [shutil.which("nice") or "nice", "-n", str(nice), *argv]
         else:
@@ -109,7 +119,7 @@ class Spawner:
                 seccomp_hex=self.filter.hex() if confine else None,
                 landlock_require=list(self.landlock_require) if confine else None,
                 nice=nice,
-                extra_ro_paths=self.config.extra_ro_paths,
+                extra_ro_paths=[*self.config.extra_ro_paths, *read_paths],
                 report_fd=report_fd,
             )
         return cgroup.wrap(argv) if cgroup is not None else argv
@@ -251,6 +261,20 @@ class SandboxSlot:
             memory_mb: address-space limit (default: config.memory_mb).
             max_output_bytes: bytes kept per stream (default: config.max_output_bytes).
         """
+        return self._run(
+            argv, (), stdin=stdin, timeout=timeout, memory_mb=memory_mb, max_output_bytes=max_output_bytes
+        )
+
+    def _run(
+        self,
+        argv: list[str],
+        read_paths: tuple[str, ...],
+        *,
+        stdin: str | bytes | None = None,
+        timeout: float | None = None,
+        memory_mb: int | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
         if self.closed:
             raise RuntimeError("this sandbox slot was released")
         if not argv:
@@ -274,6 +298,7 @@ class SandboxSlot:
                     seccomp_fd=fd,
                     cgroup=self.cgroup,
                     report_fd=report_write,
+                    read_paths=read_paths,
                 ),
                 env={"PATH": cmdlines.SAFE_PATH},
                 stdin=stdin,
@@ -291,13 +316,16 @@ class SandboxSlot:
                 if each is not None:
                     os.close(each)
 
-    def run_python(self, code: str, **kwargs) -> ExecResult:
-        """Run Python `code` with the trainer's interpreter in isolated mode (-I), cwd = workspace.
+    def run_python(self, code: str, *, packages: tuple[str, ...] | list[str] | None = None, **kwargs) -> ExecResult:
+        """Run Python `code` in isolated mode (-I), cwd = workspace, with only `packages` importable.
 
-        Takes the same keyword arguments as `run`.
+        The interpreter is the trainer's base interpreter, but never its environment: the standard library
+        plus `packages` (default `slot_python.DEFAULT_PACKAGES`: numpy, sympy, mpmath, where installed),
+        taken from the trainer's environment. Takes the same keyword arguments as `run`.
         """
+        python = slot_python(packages, self.pool.config.workspace_root)
         if len(code.encode()) <= _ARG_MAX_CODE:
-            return self.run([sys.executable, "-I", "-c", code], **kwargs)
+            return self._run([python.executable, "-I", "-c", code], (python.root,), **kwargs)
         script = self.workspace / ".agentic_grpo_main.py"
         try:
             script.unlink()
@@ -309,7 +337,7 @@ class SandboxSlot:
             f.write(code)
             if self.uid is not None:
                 os.fchown(f.fileno(), self.uid, self.uid)
-        return self.run([sys.executable, "-I", str(script)], **kwargs)
+        return self._run([python.executable, "-I", str(script)], (python.root,), **kwargs)
 
     def release(self) -> list[str]:
         """Kill anything left in the slot, clear what its uid left in the kernel, remove its workspace.
