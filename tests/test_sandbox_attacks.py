@@ -85,7 +85,7 @@ def test_checks_detect_harm_without_isolation():
                    "unix_abstract_squat", "namespaces_and_uring",
                    "memfd_memory", "disk_quota", "cpu_share", "other_process_priority", "xattr_carryover",
                    "metadata_outside", "ptrace_init", "kernel_buffer_memory", "host_uevents",
-                   "inotify_shared_files"]  # fmt: skip
+                   "inotify_shared_files", "trainer_environment"]  # fmt: skip
         if _vsock_available():
             harmful.append("vsock_port_space")
         results = {name: run_attack(name, ctx) for name in harmful}
