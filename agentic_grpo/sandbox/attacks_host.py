@@ -119,8 +119,9 @@ def other_process_priority(ctx: Context, slot: SandboxSlot) -> AttackResult:
     return AttackResult("other_process_priority", bool(out) and not harmed, detail[:600])
 
 
-_XATTR_WRITE = """
-import ctypes, json, os, struct
+# The start of the attacks' code: `py(label, call, ...)` records "OK" or the errno of each call in `out`.
+_RECORDED_CALLS = """
+import ctypes, json, os
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 out = {{}}
@@ -130,6 +131,10 @@ def py(label, call, *args, **kwargs):
         out[label] = "OK"
     except OSError as exc:
         out[label] = exc.errno
+"""
+_XATTR_WRITE = (
+    _RECORDED_CALLS
+    + """import struct
 py("setxattr", os.setxattr, {path!r}, "user.agrpo_msg", {token!r})
 py("lsetxattr", os.setxattr, {path!r}, "user.agrpo_msg", {token!r}, follow_symlinks=False)
 py("removexattr", os.removexattr, {path!r}, "user.agrpo_keep")
@@ -143,6 +148,7 @@ r = libc.syscall(ctypes.c_long({setxattrat}), ctypes.c_long(-100), {path!r}.enco
 out["setxattrat"] = "OK" if r >= 0 else ctypes.get_errno()
 print(json.dumps(out))
 """
+)
 _XATTR_READ = """
 import json, os
 try:
@@ -183,18 +189,9 @@ def xattr_carryover(ctx: Context, slot: SandboxSlot) -> AttackResult:
     return AttackResult("xattr_carryover", bool(out) and not harmed, detail[:600])
 
 
-_METADATA_CODE = """
-import ctypes, json, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-out = {{}}
-def py(label, call, *args, **kwargs):
-    try:
-        call(*args, **kwargs)
-        out[label] = "OK"
-    except OSError as exc:
-        out[label] = exc.errno
-py("chmod_pool", os.chmod, {pool!r}, 0)
+_METADATA_CODE = (
+    _RECORDED_CALLS
+    + """py("chmod_pool", os.chmod, {pool!r}, 0)
 py("chmod_dir", os.chmod, {directory!r}, 0o700)
 py("chmod_file", os.chmod, {path!r}, 0o777)
 py("utime_file", os.utime, {path!r}, (0, 0))
@@ -211,6 +208,7 @@ open("mine", "w").close()
 py("chmod_own_file", os.chmod, "mine", 0o700)
 print(json.dumps(out))
 """
+)
 
 
 def metadata_outside(ctx: Context, slot: SandboxSlot) -> AttackResult:
