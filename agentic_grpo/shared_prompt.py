@@ -12,12 +12,14 @@ prompt's cost per distinct prompt instead of one per row.
 TRL (1.16) has no such path, and transformers' `DynamicCache` serves generation; this module only lays one
 under TRL's fused log-prob head. Position ids are those of the whole-row read: the trainer numbers both from
 the attention mask (`agentic_grpo.positions`), the cached read's new tokens taking the mask's last columns.
+The trainer takes this path under `read_prompt_once` (`agentic_grpo.chunked_logps.ChunkedLogps`, which also reads
+the loss's rows in pieces on the prompts read once).
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -47,6 +49,65 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
 
+def cached(config: Any, keys_values: Sequence[torch.Tensor]) -> Any:
+    """A `DynamicCache` holding `keys_values` (per layer in order: keys of layer 0, values of layer 0, ...)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    for layer in range(len(keys_values) // 2):
+        cache.update(keys_values[2 * layer], keys_values[2 * layer + 1], layer)
+    return cache
+
+
+def read_prompts(
+    model: Any,
+    config: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    before: Sequence[Sequence[torch.Tensor]] = (),
+    cache_name: str = "cache",
+) -> tuple[torch.Tensor, ...]:
+    """The keys and values of the tokens `input_ids`, per layer in order (keys of layer 0, values of layer 0, keys of
+    layer 1, ...), each (rows, key/value heads, columns, head size). `before`: the keys and values of the columns
+    that come before them, in pieces of columns as this returns them (`attention_mask` covers those and these)."""
+    parts = list(before)
+    whole = [torch.cat(layer, dim=-2) for layer in zip(*parts, strict=True)] if len(parts) > 1 else parts
+    cache = cached(config, whole[0] if len(parts) == 1 else whole)
+    model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1, **{cache_name: cache})
+    columns = input_ids.size(1)
+    # With keys and values before them, a layer's tensors are theirs and these: keep these alone, not a view of both.
+    return tuple(
+        tensor[:, :, -columns:].clone() if parts else tensor
+        for layer in cache.layers
+        for tensor in (layer.keys, layer.values)
+    )
+
+
+def read_on_prompts(
+    model: Any,
+    config: Any,
+    logits_to_keep: int,
+    compute_entropy: bool,
+    cache_name: str,
+    tail: torch.Tensor,
+    attention_mask: torch.Tensor,
+    picks: torch.Tensor,
+    *keys_values: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropies, else None) of the last `logits_to_keep` tokens of each row, whose
+    `tail` (its columns after its prompt but the prompt's last token) is read on the cached prompt `picks[row]`
+    of `keys_values` (`read_prompts`); `attention_mask` covers the prompt's and the tail's columns."""
+    cache = cached(config, [tensor[picks] for tensor in keys_values])
+    labels = tail.masked_fill(attention_mask[:, -tail.size(1) :] == 0, -100)
+    labels[:, 0] = -100
+    outputs = model(
+        input_ids=tail, attention_mask=attention_mask, labels=labels, fused_lm_head=True, **{cache_name: cache}
+    )
+    logps = outputs.log_probs[:, -logits_to_keep:]
+    entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
+    return logps, entropies
+
+
 def shared_prompt_logps(
     model: Any,
     config: Any,
@@ -63,8 +124,6 @@ def shared_prompt_logps(
     for training; `config` its model config; `cache_name` its forward's cache keyword (`cache_keyword`).
     Returns None when no two rows share a prompt.
     """
-    from transformers import DynamicCache
-
     # The cache holds the prompt but its last token: that token's hidden state predicts the first completion
     # token, so it is read with the completion (the fused head scores position t from position t - 1).
     head = input_ids.size(1) - logits_to_keep - 1
@@ -74,49 +133,8 @@ def shared_prompt_logps(
     if shared is None:
         return None
     first, inverse = shared
-    cache = DynamicCache(config=config)
-    model(
-        input_ids=input_ids[first, :head], attention_mask=attention_mask[first, :head],
-        use_cache=True, logits_to_keep=1, **{cache_name: cache},
+    keys_values = read_prompts(model, config, input_ids[first, :head], attention_mask[first, :head], (), cache_name)
+    return read_on_prompts(
+        model, config, logits_to_keep, compute_entropy, cache_name, input_ids[:, head:], attention_mask, inverse,
+        *keys_values,
     )  # fmt: skip
-    cache.batch_select_indices(inverse)
-    tail = input_ids[:, head:]
-    labels = tail.masked_fill(attention_mask[:, head:] == 0, -100)
-    labels[:, 0] = -100
-    outputs = model(
-        input_ids=tail, attention_mask=attention_mask, labels=labels, fused_lm_head=True, **{cache_name: cache}
-    )
-    logps = outputs.log_probs[:, -logits_to_keep:]
-    entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
-    return logps, entropies
-
-
-class ReadPromptOnce:
-    """Trainer mixin: TRL's `_get_per_token_logps_and_entropies`, reading each distinct prompt of a microbatch
-    once when `args.read_prompt_once` is set. Rows are read whole with MoE aux losses, image inputs, and
-    gradient checkpointing (HF's checkpointed layers drop a cache they would write: the backward replay would
-    write it twice)."""
-
-    def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
-        compute_aux_loss=False, **image_inputs,
-    ):  # fmt: skip
-        """TRL's, with each distinct prompt of a microbatch read once under `read_prompt_once`."""
-        whole = functools.partial(super()._get_per_token_logps_and_entropies, model, logits_to_keep=logits_to_keep)
-        if (
-            not self.args.read_prompt_once or compute_aux_loss or self.args.gradient_checkpointing
-            or any(value is not None for value in image_inputs.values())
-        ):  # fmt: skip
-            return whole(input_ids, attention_mask, batch_size=batch_size, compute_entropy=compute_entropy,
-                         compute_aux_loss=compute_aux_loss, **image_inputs)  # fmt: skip
-        unwrapped = self.accelerator.unwrap_model(model)
-        config, cache_name = unwrapped.config, cache_keyword(unwrapped)
-        chunk = batch_size or input_ids.size(0)  # TRL's memory bound on the rows read at once
-        logps, entropies = [], []
-        for start in range(0, input_ids.size(0), chunk):
-            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
-            read = shared_prompt_logps(model, config, ids, mask, logits_to_keep, compute_entropy, cache_name)
-            read = read or whole(ids, mask, compute_entropy=compute_entropy)[:2]  # no two rows share a prompt
-            logps.append(read[0])
-            entropies.append(read[1])
-        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None

@@ -38,6 +38,7 @@ from agentic_grpo.advantages import assign_turn_credit
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.canaries import check_sampler_agreement
 from agentic_grpo.checkpoints import AtomicCheckpoints
+from agentic_grpo.chunked_logps import LOSS_CHUNK_TOKENS, ChunkedLogps
 from agentic_grpo.clipped import clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.data import with_row
@@ -51,6 +52,7 @@ from agentic_grpo.experimental.choice_gradient import (
 )
 from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT, spread_over_groups
 from agentic_grpo.formats import TrajectoryFormat
+from agentic_grpo.host_memory import release_freed_memory
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.positions import positions_from_mask
@@ -61,7 +63,6 @@ from agentic_grpo.rollout_parts import RolloutParts
 from agentic_grpo.run_files import RunFilesCallback, trajectory_records
 from agentic_grpo.run_parts import build_rollout_parts
 from agentic_grpo.selection import batch_selection_metrics
-from agentic_grpo.shared_prompt import ReadPromptOnce
 from agentic_grpo.subagents.usage import subagent_metrics
 from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_trainer_setup
@@ -101,7 +102,7 @@ def nan_if_none(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ReadPromptOnce, GRPOTrainer):
+class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ChunkedLogps, GRPOTrainer):
     """GRPO on multi-turn tool-use trajectories.
 
     Args:
@@ -145,6 +146,8 @@ class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ReadPromptOnce, GRPOTr
                 trajectory_format=trajectory_format or parts.trajectory_format,
             )
         self.rollout_parts = parts
+        # The most tokens the policy's loss reads with activations kept at once (`agentic_grpo.chunked_logps`).
+        self.loss_chunk_tokens = getattr(args, "loss_chunk_tokens", LOSS_CHUNK_TOKENS)
         self.trajectory_format = parts.trajectory_format
         self.experiments = args.experiments
         slot = getattr(parts.trajectory_format, "action_choices", None)
@@ -274,7 +277,11 @@ class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ReadPromptOnce, GRPOTr
         if self.experiments.spread_first_action and self.model.training:
             continuations = self.trajectory_format.action_choices.continuations
             first_actions = spread_over_groups([repr(prompt) for prompt in prompts], continuations)
+        # Freed host memory back to the system before the rollout (the last step's backward) and after it (its
+        # key/value caches), so that each phase starts from what the process holds (`agentic_grpo.host_memory`).
+        release_freed_memory(self.accelerator.device)
         trajectories, stats = self.rollout_manager.rollout(prompts, rows, self.generation_backend, first_actions)
+        release_freed_memory(self.accelerator.device)
         metrics = rollout_metrics(trajectories, stats, self._sum_over_processes)
         metrics.update(batch_selection_metrics(trajectories, rows, self.rollout_parts, self._sum_over_processes))
         if self.rollout_parts.agents:
@@ -342,13 +349,14 @@ class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ReadPromptOnce, GRPOTr
         return loss + sum(role_losses.values())
 
     def _policy_loss(self, model, inputs, return_outputs, num_items_in_batch):
-        """TRL's loss, plus under the experimental `choice_gradient_weight` the exact gradient of the tool-choice
-        reward at the first action slots, from the hidden states of TRL's own forward pass
-        (agentic_grpo.experimental.choice_gradient)."""
+        """TRL's loss, its read of the rows in pieces recomputed in backward (`agentic_grpo.chunked_logps`), plus
+        under the experimental `choice_gradient_weight` the exact gradient of the tool-choice reward at the first
+        action slots, from the hidden states of TRL's own forward pass (agentic_grpo.experimental.choice_gradient)."""
         if "choice_slots" not in inputs or not model.training:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            with self.loss_read():
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         unwrapped = self.accelerator.unwrap_model(model)
-        with recorded_hidden_states(unwrapped) as hidden:
+        with recorded_hidden_states(unwrapped) as hidden, self.loss_read():
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         term, probability = choice_loss(
             hidden, inputs["completion_ids"].size(1), inputs["choice_slots"], inputs["choice_targets"],

@@ -8,6 +8,9 @@ so two layouts can be compared on the same seed:
     agentic-grpo bench memory --steps 3
     agentic-grpo bench memory --steps 3 -- --per_device_train_batch_size 8 --gradient_accumulation_steps 1
 
+`--prompt-tokens N` pads every prompt to about N tokens with worked examples in the system prompt (the recipe's
+own example turns, written out and repeated, the last one cut to fit): how memory grows with the prompt.
+
 Resident memory is what the machine must have; CPU tensors freed by PyTorch may stay with the
 allocator, so a phase's peak can include what an earlier phase left behind.
 """
@@ -15,6 +18,7 @@ allocator, so a phase's peak can include what an earlier phase left behind.
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import sys
@@ -61,6 +65,47 @@ class PhasePeaks:
         return {name: round(peak) for name, peak in self.peaks.items()}
 
 
+def prompt_tokens(run: Any) -> int:
+    """The tokens of the first training row's prompt, as the chat template renders it for generation."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(run.model_path)
+    return len(tokenizer.apply_chat_template(run.train[0]["prompt"], add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"])  # fmt: skip
+
+
+def padded_recipe(recipe: str, tokens: int, prepare_run: Callable[[str], Any], folder: str) -> tuple[str, int]:
+    """A copy of `recipe` (written in `folder`) whose prompts hold about `tokens` tokens, padded with worked examples
+    appended to the system prompt (`format_kwargs.examples`), and its first prompt's length. `prepare_run(path)`
+    prepares a run of a recipe file. Raises ValueError when the recipe's own prompt is already longer."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    with open(recipe) as file:
+        base = yaml.safe_load(file)
+    first = prepare_run(recipe)
+    length = prompt_tokens(first)
+    if tokens < length:
+        raise ValueError(f"the recipe's prompt already holds {length} tokens, more than --prompt-tokens {tokens}")
+    turns = base.get("format_kwargs", {}).get("example_turns") or [{"question": "What is 214 * 37?",
+                                                                     "response": "Final Answer: 7918"}]  # fmt: skip
+    unit = "\n\n".join(f"Question: {turn['question']}\n{turn['response'].strip()}" for turn in turns)
+    tokenizer = AutoTokenizer.from_pretrained(first.model_path)
+    unit_ids = tokenizer(unit, add_special_tokens=False)["input_ids"]
+    path, size = recipe, 0
+    for _ in range(4):  # the example's heading and the tokens merged at the cut move the count a little: settle it
+        if length == tokens:
+            break
+        size = max(1, size + tokens - length)
+        path, padded = f"{folder}/padded-recipe.yaml", copy.deepcopy(base)
+        filler = (unit_ids * (size // len(unit_ids) + 1))[:size]
+        padded.setdefault("format_kwargs", {})["examples"] = [tokenizer.decode(filler)]
+        with open(path, "w") as file:
+            yaml.safe_dump(padded, file, sort_keys=False)
+        length = prompt_tokens(prepare_run(path))
+    return path, length
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, overrides = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -69,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--recipe", default="cpu_demo", help="recipe file or shipped name (default: cpu_demo)")
     parser.add_argument("--steps", type=int, default=3, help="training steps to measure (default: 3)")
+    parser.add_argument("--prompt-tokens", type=int, help="pad every prompt to about this many tokens (see above)")
     args = parser.parse_args(own)
 
     from agentic_grpo.resources import find_shipped
@@ -78,8 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     peaks = PhasePeaks()
     with tempfile.TemporaryDirectory(prefix="agentic-grpo-memory-") as output_dir:
         recipe = str(find_shipped(args.recipe, "recipes", ".yaml"))
-        run = prepare(["--config", recipe, *overrides, "--max_steps", str(args.steps), "--output_dir", output_dir,
-                       "--save_strategy", "no", "--eval_before_after", "false", "--report_to", "none"])  # fmt: skip
+
+        def prepare_run(path: str) -> Any:
+            return prepare(["--config", path, *overrides, "--max_steps", str(args.steps), "--output_dir", output_dir,
+                            "--save_strategy", "no", "--eval_before_after", "false", "--report_to", "none"])  # fmt: skip
+
+        padded = recipe
+        if args.prompt_tokens:
+            padded, _ = padded_recipe(recipe, args.prompt_tokens, prepare_run, output_dir)
+        run = prepare_run(padded)
+        tokens = prompt_tokens(run)
         peaks.phase = "model and trainer set-up"
         trainer = AgenticGRPOTrainer(model=run.model_path, reward_funcs=run.rewards, args=run.config,
                                      train_dataset=run.train, rollout_parts=run.rollout_parts,
@@ -100,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "memory",
         "recipe": recipe,
         "overrides": overrides,
+        "prompt_tokens": tokens,
         "steps": args.steps,
         "peak_mb": max(phases.values()),
         "peak_mb_by_phase": phases,

@@ -85,7 +85,7 @@ def test_rows_with_distinct_prompts_are_left_to_whole_reads(policy):
 def test_trainer_loss_and_gradients_match_with_and_without_read_prompt_once(tiny_model_dir, tmp_path, monkeypatch):
     """Through the trainer's real loss (TRL's clipped GRPO loss, KL against the reference): the same loss and
     gradients whether each prompt is read per row or once per group; and the shared path is the one taken."""
-    from agentic_grpo import shared_prompt
+    from agentic_grpo import chunked_logps
     from tests.helpers import build_trainer
     from tests.scripted import case_prompt
 
@@ -109,8 +109,8 @@ def test_trainer_loss_and_gradients_match_with_and_without_read_prompt_once(tiny
 
     whole_loss, whole_grads = loss_and_grads()
     reads = []
-    real = shared_prompt.shared_prompt_logps
-    monkeypatch.setattr(shared_prompt, "shared_prompt_logps", lambda *a, **k: reads.append(real(*a, **k)) or reads[-1])
+    real = chunked_logps.shared_prompt_logps
+    monkeypatch.setattr(chunked_logps, "shared_prompt_logps", lambda *a, **k: reads.append(real(*a, **k)) or reads[-1])
     trainer.args.read_prompt_once = True
     loss, grads = loss_and_grads()
 

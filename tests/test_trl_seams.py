@@ -9,7 +9,7 @@ from transformers import Trainer
 from trl import GRPOTrainer
 
 from agentic_grpo.checkpoints import AtomicCheckpoints
-from agentic_grpo.shared_prompt import ReadPromptOnce
+from agentic_grpo.chunked_logps import ChunkedLogps
 from agentic_grpo.trainer import PRIVATE_SEAMS, AgenticGRPOTrainer
 
 OWNERS = {"GRPOTrainer": GRPOTrainer, "Trainer": Trainer}
@@ -58,7 +58,7 @@ def test_a_changed_signature_is_reported_naming_the_method():
 
 
 def test_every_private_method_the_trainer_overrides_is_in_the_table():
-    ours = (AgenticGRPOTrainer, AtomicCheckpoints, ReadPromptOnce)
+    ours = (AgenticGRPOTrainer, AtomicCheckpoints, ChunkedLogps)
     overridden = {
         f"{'GRPOTrainer' if name in vars(GRPOTrainer) else 'Trainer'}.{name}"
         for cls in ours
