@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from accelerate.utils import DistributedType
 from torch.utils.checkpoint import checkpoint
 
 from agentic_grpo.host_memory import release_freed_memory
@@ -127,7 +128,10 @@ class ChunkedLogps:
 
     Rows are read whole, by TRL, with MoE aux losses and image inputs. With gradient checkpointing, prompts are
     read per row (HF's checkpointed layers drop a cache they would write: the backward replay would write it
-    twice) and the loss is read whole (the layers already recompute their activations).
+    twice) and the loss is read whole (the layers already recompute their activations). The loss is read whole too
+    where an engine wraps the model (DDP, DeepSpeed, FSDP: several processes): a piece's replay would run the
+    engine's forward inside its backward, whose gradient reduction is set up by the forward; gradient
+    checkpointing bounds the memory there.
     """
 
     loss_chunk_tokens: int | None = LOSS_CHUNK_TOKENS
@@ -155,7 +159,8 @@ class ChunkedLogps:
                        compute_aux_loss=compute_aux_loss, **image_inputs)  # fmt: skip
         checkpointed = self.args.gradient_checkpointing
         shared = self.args.read_prompt_once and not checkpointed
-        if self._in_loss_read and torch.is_grad_enabled() and not checkpointed and self.loss_chunk_tokens:
+        alone = self.accelerator.distributed_type == DistributedType.NO  # no engine wraps the model
+        if self._in_loss_read and torch.is_grad_enabled() and alone and not checkpointed and self.loss_chunk_tokens:
             read = self._read_in_pieces(model, trl, input_ids, attention_mask, logits_to_keep, compute_entropy, shared)
             if read is not None:
                 return *read, None

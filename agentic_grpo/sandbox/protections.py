@@ -136,7 +136,7 @@ def _buffers(config: SandboxConfig, layer: str, memory_cgroup: bool) -> str:
     socket_bytes = _socket_buffer_bytes()
     # A process holds max_open_files descriptors and as many again in flight inside unix sockets
     # (the kernel's limit on passed descriptors is RLIMIT_NOFILE too); each holds one queue, which
-    # the kernel lets pass its size by part of one packet (measured: 1.1x).
+    # the kernel lets a queue pass its size by part of one packet (hence the 5/4 margin).
     per_process_mb = 2 * config.max_open_files * max(socket_bytes, _PIPE_BYTES) * 5 // 4 >> 20
     out = (f"socket send buffers fixed at net.core.wmem_default ({socket_bytes >> 10} KiB), pipes at 64 KiB "
            f"(seccomp: SO_SNDBUF/SO_RCVBUF changes ignored, F_SETPIPE_SZ refused): at most about "
