@@ -235,3 +235,16 @@ def test_a_row_longer_than_a_piece_reads_its_prompt_in_pieces_of_columns(trainer
     torch.testing.assert_close(entropies[completion], whole_entropies[completion], atol=1e-6, rtol=0)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, whole_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_an_engine_wrapped_model_is_read_whole(trainer, monkeypatch):
+    """Under DDP, DeepSpeed or FSDP a replay would run the engine's forward inside the backward: no pieces there."""
+    from accelerate.utils import DistributedType
+
+    ids, mask = batch(trainer.model.config.vocab_size)
+    whole_logps, _, _ = loss_read(trainer, ids, mask, None, True)
+    monkeypatch.setattr(trainer.accelerator.state, "distributed_type", DistributedType.MULTI_GPU)
+    pieces = counting_pieces(monkeypatch)
+    logps, _, _ = loss_read(trainer, ids, mask, 1, True)
+    assert pieces[0] == 0
+    torch.testing.assert_close(logps, whole_logps, atol=1e-6, rtol=0)
