@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -207,25 +206,15 @@ class TrainerBackend(TransformersBackend):
             yield model
 
 
-_unwrapping = threading.Lock()
-
-
 @contextlib.contextmanager
 def policy_for_generation(trainer: Any) -> Iterator[Any]:
     """The trainer's policy unwrapped for generation; inside an enclosing call (a rollout's session, a sub-agent's
     turn within it, from any thread), the model that call unwrapped, without unwrapping (gathering) again."""
     from trl.models import unwrap_model_for_generation
 
-    with _unwrapping:
-        held = getattr(trainer, "_policy_for_generation", None)
-        if held is not None:
-            held[0] += 1
-    if held is not None:
-        try:
-            yield held[1]
-        finally:
-            with _unwrapping:
-                held[0] -= 1
+    held = getattr(trainer, "_policy_for_generation", None)
+    if held is not None:  # the outermost call, the rollout's session, outlives every call nested in it
+        yield held
         return
     with (
         unwrap_model_for_generation(
@@ -238,7 +227,7 @@ def policy_for_generation(trainer: Any) -> Iterator[Any]:
         torch.no_grad(),
         trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
     ):
-        trainer._policy_for_generation = [1, model]
+        trainer._policy_for_generation = model
         try:
             yield model
         finally:

@@ -217,8 +217,7 @@ def generate_reusing(
 
     generation_config = copy.copy(generation_config)
     generation_config.use_cache = True  # in the config: `generate` warns when a config and loose settings mix
-    shrinking = shrink
-    if shrinking:
+    if shrink:
         generation_config, stopping = stop_string_criteria(generation_config, tokenizer)
         loop = functools.partial(sample_shrinking, kv_cache=cache, on_stop=keep_stopped, logprobs=logprobs)
         custom = {"custom_generate": loop, "stopping_criteria": stopping}
@@ -228,12 +227,12 @@ def generate_reusing(
         generation_config=generation_config,
         tokenizer=tokenizer,
         **{cache_keyword(model): cache},
-        **(custom if shrinking else {}),
+        **(custom if shrink else {}),
         **generate_kwargs,
     )
     sequences = output.sequences if hasattr(output, "sequences") else output
     new_tokens = sequences[:, width:].cpu().tolist()
-    if shrinking:
+    if shrink:
         store.entries = [stopped[row] for row in range(len(batch))]
         return new_tokens
     fed = cache.layers[0].keys.shape[-2] - width  # the last sampled token was never fed back

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from agentic_grpo.backends import Generation, cut_generation
+from agentic_grpo.subagents.adapters import is_peft_model
 
 NO_CONSTRAINED_ACTIONS = (
     "format_kwargs `constrain_actions` holds decoding to the tools' names with a logits processor of the "
@@ -53,7 +54,7 @@ class VLLMBackend:
         self.vllm = trainer.vllm_generation
         self.tokenizer = trainer.processing_class
         self.eos_token_ids = list(trainer.eos_token_ids)
-        if _is_peft_model(getattr(self.vllm, "model", None)):
+        if is_peft_model(getattr(self.vllm, "model", None)):
             # No public seam: TRL's sync reads the weights through this method. Under FSDP it walks the sharded
             # modules its own way; `check_trainer_setup` refuses a LoRA policy with vLLM there.
             self.vllm._iter_named_params = functools.partial(merged_parameters, self.vllm)
@@ -111,12 +112,6 @@ class VLLMBackend:
                 generation.logprobs = [lp[0] for lp in logprobs[i][: len(generation.token_ids)]]
             generations.append(generation)
         return generations
-
-
-def _is_peft_model(model: Any) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
 
 
 def merged_parameters(vllm: Any) -> Iterator[tuple[str, torch.Tensor]]:
