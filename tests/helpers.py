@@ -140,3 +140,30 @@ def build_trainer(
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1
     return trainer
+
+
+def scored_two_groups(model_dir: str | Path, output_dir: str | Path, **config: Any) -> tuple[Any, dict[str, Any]]:
+    """A trainer on two questions x 4 (calculator, up to 2 turns, beta 0.04) and its scored inputs, whose rewards
+    vary with the sampled tokens, so advantages are not all zero."""
+    from tests.scripted import case_prompt
+
+    def by_tokens(prompts, completions, trajectory, **_):
+        return [float(sum(t.completion_ids) % 3) for t in trajectory]
+
+    rows = [{"prompt": case_prompt(name), "question": name, "answer": "1"} for name in ("a", "b") for _ in range(4)]
+    trainer = build_trainer(
+        model_dir, output_dir, [by_tokens], rows, environment="agentic_grpo.tools.calculator:Calculator",
+        per_device_train_batch_size=8, max_completion_length=48, max_tokens_per_turn=16, max_turns=2, beta=0.04,
+        save_trajectories_steps=0, **config,
+    )  # fmt: skip
+    inputs = trainer.generate_and_score(rows)
+    assert inputs["advantages"].abs().sum() > 0
+    return trainer, inputs
+
+
+def trainer_loss_and_grads(trainer: Any, inputs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The trainer's loss on `inputs` and the gradients it leaves on each parameter."""
+    trainer.model.zero_grad()
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}

@@ -181,33 +181,19 @@ def test_a_backward_under_another_adapter_refuses_to_recompute(trainer):
 def test_trainer_loss_and_gradients_equal_with_and_without_pieces(tiny_model_dir, tmp_path, monkeypatch):
     """Through TRL's loss (clipped GRPO, the entropy quantile taken over the whole microbatch, KL against the
     reference): the same loss and gradients whether the microbatch is read whole or in recomputed pieces."""
-    from tests.helpers import build_trainer
-    from tests.scripted import case_prompt
+    from tests.helpers import scored_two_groups, trainer_loss_and_grads
 
-    def by_tokens(prompts, completions, trajectory, **_):  # varied rewards, so advantages are not all zero
-        return [float(sum(t.completion_ids) % 3) for t in trajectory]
+    trainer, inputs = scored_two_groups(tiny_model_dir, tmp_path, top_entropy_quantile=0.5, read_prompt_once=True)
 
-    rows = [{"prompt": case_prompt(name), "question": name, "answer": "1"} for name in ("a", "b") for _ in range(4)]
-    trainer = build_trainer(
-        tiny_model_dir, tmp_path, [by_tokens], rows, environment="agentic_grpo.tools.calculator:Calculator",
-        per_device_train_batch_size=8, max_completion_length=48, max_tokens_per_turn=16, max_turns=2, beta=0.04,
-        top_entropy_quantile=0.5, read_prompt_once=True, save_trajectories_steps=0,
-    )  # fmt: skip
-    inputs = trainer.generate_and_score(rows)
-    assert inputs["advantages"].abs().sum() > 0
-
-    def loss_and_grads(budget):
+    def read_with(budget):
         trainer.loss_chunk_tokens = budget
-        trainer.model.zero_grad()
-        loss = trainer.compute_loss(trainer.model, inputs)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        return trainer_loss_and_grads(trainer, inputs)
 
-    whole_loss, whole_grads = loss_and_grads(None)
+    whole_loss, whole_grads = read_with(None)
     width, tail = inputs["prompt_ids"].size(1) + inputs["completion_ids"].size(1), inputs["completion_ids"].size(1) + 1
     for budget in (1, 3 * row_tokens(tail, width)):  # one row per piece; three rows per piece (3, 3, 2)
         pieces = counting_pieces(monkeypatch)
-        loss, grads = loss_and_grads(budget)
+        loss, grads = read_with(budget)
         assert pieces[0] >= 3, budget
         torch.testing.assert_close(loss, whole_loss, atol=1e-6, rtol=0)
         assert grads.keys() == whole_grads.keys()

@@ -86,33 +86,15 @@ def test_trainer_loss_and_gradients_match_with_and_without_read_prompt_once(tiny
     """Through the trainer's real loss (TRL's clipped GRPO loss, KL against the reference): the same loss and
     gradients whether each prompt is read per row or once per group; and the shared path is the one taken."""
     from agentic_grpo import chunked_logps
-    from tests.helpers import build_trainer
-    from tests.scripted import case_prompt
+    from tests.helpers import scored_two_groups, trainer_loss_and_grads
 
-    def by_tokens(prompts, completions, trajectory, **_):  # varied rewards, so advantages are not all zero
-        return [float(sum(t.completion_ids) % 3) for t in trajectory]
-
-    rows = [{"prompt": case_prompt(name), "question": name, "answer": "1"} for name in ("a", "b") for _ in range(4)]
-    trainer = build_trainer(
-        tiny_model_dir, tmp_path, [by_tokens], rows, environment="agentic_grpo.tools.calculator:Calculator",
-        per_device_train_batch_size=8, max_completion_length=48, max_tokens_per_turn=16, max_turns=2, beta=0.04,
-        save_trajectories_steps=0,
-    )  # fmt: skip
-    inputs = trainer.generate_and_score(rows)
-    assert inputs["advantages"].abs().sum() > 0
-
-    def loss_and_grads():
-        trainer.model.zero_grad()
-        loss = trainer.compute_loss(trainer.model, inputs)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-
-    whole_loss, whole_grads = loss_and_grads()
+    trainer, inputs = scored_two_groups(tiny_model_dir, tmp_path)
+    whole_loss, whole_grads = trainer_loss_and_grads(trainer, inputs)
     reads = []
     real = chunked_logps.shared_prompt_logps
     monkeypatch.setattr(chunked_logps, "shared_prompt_logps", lambda *a, **k: reads.append(real(*a, **k)) or reads[-1])
     trainer.args.read_prompt_once = True
-    loss, grads = loss_and_grads()
+    loss, grads = trainer_loss_and_grads(trainer, inputs)
 
     assert len(reads) == 1 and reads[0] is not None
     assert torch.allclose(loss, whole_loss, atol=1e-6)
