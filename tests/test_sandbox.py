@@ -103,6 +103,27 @@ def test_large_code_goes_through_a_file(pool):
         assert slot.run_python(code).stdout.strip() == "30000"
 
 
+def test_code_that_takes_locks_runs_in_a_slot(pool):
+    """Locks are no-ops in slots (a lock on a file every slot reads would be a channel between them), so code
+    that locks must still work: sqlite in the workspace, a blocking flock as `filelock` takes it, lockf."""
+    code = """
+import fcntl, json, os, sqlite3
+db = sqlite3.connect("t.db")
+db.execute("create table t (x)")
+db.executemany("insert into t values (?)", [(i,) for i in range(5)])
+db.commit()
+with open("lock", "w") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    fcntl.lockf(f, fcntl.LOCK_EX)
+    fcntl.flock(f, fcntl.LOCK_UN)
+print(json.dumps(db.execute("select sum(x) from t").fetchone()))
+"""
+    with pool.acquire() as slot:
+        result = slot.run_python(code, timeout=10)
+    assert result.exit_code == 0 and not result.timed_out, result.stderr
+    assert result.stdout.strip() == "[10]"
+
+
 def test_concurrent_runs_from_many_threads(pool):
     def one(i: int) -> tuple[int, str]:
         slot = pool.acquire()

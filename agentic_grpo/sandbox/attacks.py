@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .attack_support import AttackResult, Context, last_json, run_code, still_growing, uid_processes
+from .attacks_channels import host_proc_files, lock_side_channel, stat_outside
 from .attacks_host import metadata_outside, other_process_priority, ptrace_init, xattr_carryover
 from .attacks_ipc import sysv_ipc, unix_abstract_squat, unix_socket_by_path, unix_socket_types
 from .attacks_kernel import (
@@ -425,6 +426,9 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         big_code,
         host_uevents,
         inotify_shared_files,
+        lock_side_channel,
+        host_proc_files,
+        stat_outside,
     )
 }
 

@@ -30,7 +30,8 @@ class SandboxConfig:
     mode: str = field(
         default="auto",
         metadata={
-            "help": "Isolation layer: `auto` (strongest that works here), `bwrap` (namespaces), `landlock` "
+            "help": "Isolation layer: `auto` (strongest that works here; never Landlock without root), `bwrap` "
+            "(namespaces), `landlock` "
             "(per-slot uid + Landlock + seccomp, for hosts without user namespaces), or `unsafe-local` "
             "(rlimits only, no isolation: an explicit opt-in that logs a loud warning every run)."
         },

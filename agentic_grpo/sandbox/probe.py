@@ -35,6 +35,14 @@ INSTALL_HINT = (
     "user namespaces (or run the trainer as root), or use a kernel with Landlock (>= 5.13) and seccomp; "
     "to run model code with no isolation at all, set `sandbox: unsafe-local` in the recipe"
 )
+# What `auto` will not choose for the user: Landlock slots without root run as the trainer's uid.
+LANDLOCK_SHARED_UID_REFUSAL = (
+    "refused by auto: without root, Landlock slots run as the trainer's uid, so tool code can stat every path the "
+    "trainer can (sizes and times of its files, which pids exist) and shares its process limit. Enable user "
+    "namespaces so bubblewrap works (`sysctl kernel.unprivileged_userns_clone=1`, or "
+    "`kernel.apparmor_restrict_unprivileged_userns=0`), or run the trainer as root (slots get uids of their own); "
+    "to accept these limits, name the layer: `sandbox: landlock` in the recipe (docs/sandbox.md lists them)"
+)
 # Without a slot uid the code shares the trainer's uid: only Landlock scoping (ABI 6) keeps it
 # from signalling the trainer and reaching its abstract unix sockets.
 MIN_ABI_SHARED_UID = 6
@@ -149,6 +157,8 @@ def _landlock_status(config: SandboxConfig, root: bool, abi: int, required: tupl
         return "kernel has no Landlock"
     if not seccomp.supported():
         return f"no seccomp filter for {seccomp.machine()}"
+    if not root and config.mode == "auto":
+        return LANDLOCK_SHARED_UID_REFUSAL
     if root and not shutil.which("setpriv"):
         return "missing setpriv (util-linux)"
     if not root and abi < MIN_ABI_SHARED_UID:

@@ -11,8 +11,9 @@ from .config import SandboxConfig
 _KERNEL = (
     "seccomp refuses keyrings (add_key/request_key/keyctl), SysV IPC and POSIX message queues, new "
     "namespaces (unshare/setns/clone with CLONE_NEW*, clone3), io_uring, userfaultfd, bpf, perf, file handles, "
-    "ptrace and process_vm_readv/writev, extended attribute writes (EOPNOTSUPP), and prlimit, setpriority, "
-    "ioprio_set and sched_setaffinity/setscheduler/setparam/setattr on any process but the caller"
+    "ptrace and process_vm_readv/writev, inotify, fanotify, dnotify and leases, extended attribute writes "
+    "(EOPNOTSUPP), and prlimit, setpriority, ioprio_set and sched_setaffinity/setscheduler/setparam/setattr on "
+    "any process but the caller; file locks succeed without effect (no lock is shared between slots)"
 )
 _OWN_PID_1 = (
     "; the command is the namespace's pid 1 (--as-pid-1): no bwrap process with the trainer's limits and "
@@ -21,8 +22,12 @@ _OWN_PID_1 = (
 _SHARED_UID_METADATA = (
     "; seccomp refuses chmod, chown and utime in every form (Landlock does not mediate them, and the "
     "trainer's uid owns the pool and the run's files): shutil.copy/copy2/copytree fail after copying, "
-    "shutil.copyfile works; stat() of host paths is not mediated either (sizes and times of the trainer's "
+    "shutil.copyfile works; stat() of host paths is NOT mediated either (sizes and times of the trainer's "
     "files, which pids exist)"
+)
+_ROOT_METADATA = (
+    "; the slot uid owns nothing else; stat() of host paths is NOT mediated (which pids exist, sizes and times "
+    "of files in directories any user can search)"
 )
 _WMEM_DEFAULT = "/proc/sys/net/core/wmem_default"
 _PIPE_BYTES = 65536
@@ -46,8 +51,8 @@ def protections(layer: str, root: bool, abi: int) -> dict[str, str]:
             "writable, /tmp and /dev/shm read-only, no /etc secrets",
             "network": "bwrap network namespace: no interface but a downed loopback; seccomp allows only "
             "unix, inet, inet6 and netlink sockets (AF_VSOCK's port space is the host's)",
-            "isolation": f"{uid_note}pid, IPC and mount namespaces (own /proc, other workspaces not mounted)"
-            + ("" if root else _OWN_PID_1),
+            "isolation": f"{uid_note}pid, IPC and mount namespaces (own /proc, its host-wide files masked but stat, "
+            "loadavg, cpuinfo and meminfo; other workspaces not mounted)" + ("" if root else _OWN_PID_1),
             "kernel": _KERNEL,
             "privileges": "setpriv drops to the slot uid with no capability (ambient, inheritable, bounding) and "
             "no_new_privs; user namespaces refused by seccomp"
@@ -62,7 +67,7 @@ def protections(layer: str, root: bool, abi: int) -> dict[str, str]:
         scope = "; Landlock scoping blocks signals to and ptrace of processes outside the slot" if abi >= 6 else ""
         return {
             "filesystem": f"Landlock ABI {abi}: read/execute on system dirs and the interpreter, write only in the "
-            "workspace" + ("; the slot uid owns nothing else" if root else _SHARED_UID_METADATA),
+            "workspace" + (_ROOT_METADATA if root else _SHARED_UID_METADATA),
             "network": ("Landlock denies TCP bind/connect; " if abi >= 4 else "")
             + "seccomp allows only unix sockets, no connect() and no datagram unix sockets (host sockets by path)",
             "isolation": f"{uid_note}Landlock (no /proc, other workspaces not granted){scope}",

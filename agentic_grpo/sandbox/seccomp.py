@@ -39,6 +39,13 @@ from a file descriptor (`--seccomp FD`). Refused with EPERM unless noted:
 - kernel buffer memory outside RLIMIT_AS: setsockopt SO_SNDBUF/SO_RCVBUF (and their FORCE forms)
   succeed without effect, so a socket keeps net.core.wmem_default rather than up to twice
   wmem_max; fcntl F_SETPIPE_SZ is refused, so a pipe keeps its 64 KiB;
+- file locks (flock, and fcntl's F_SETLK, F_SETLKW and their OFD forms) succeed without
+  effect: a lock lives on the inode, so two slots locking a file both read (the
+  interpreter's modules) could signal each other. Refusing them would break sqlite and make
+  `filelock` wait forever; as no-ops, each slot's code runs as if it were alone, and a
+  lock taken by one process of a slot does not exclude another. F_GETLK stays: no slot
+  ever holds a lock for it to see. Leases (F_SETLEASE) and directory notifications
+  (F_NOTIFY, dnotify: inotify's older form) are refused;
 - syscalls of a foreign ABI (i386 on x86_64) kill the process; x32 ones are refused.
 """
 
@@ -65,6 +72,7 @@ _NR = {
         "ioprio_set": 251,
         "setsockopt": 54,
         "fcntl": 72,
+        "flock": 73,
         "own_pid": {"sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314},
         "xattr": {"setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
                   "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466},
@@ -95,6 +103,7 @@ _NR = {
         "ioprio_set": 30,
         "setsockopt": 208,
         "fcntl": 25,
+        "flock": 32,
         "own_pid": {"sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122, "sched_setattr": 274},
         "xattr": {"setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
                   "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466},
@@ -117,6 +126,8 @@ NETLINK_KOBJECT_UEVENT = 15
 SOCK_STREAM, SOCK_SEQPACKET = 1, 5
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 SOL_SOCKET, F_SETPIPE_SZ = 1, 1031
+F_SETLEASE, F_NOTIFY = 1024, 1026
+SET_LOCK_COMMANDS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW (same on every 64-bit arch)
 BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE (same on every arch)
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 CLONE_NEW_MASK = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
@@ -212,6 +223,7 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool, d
         (_JEQ, nr["ioprio_set"], "ioprio_set", 0),
         (_JEQ, nr["setsockopt"], "setsockopt", 0),
         (_JEQ, nr["fcntl"], "fcntl", 0),
+        (_JEQ, nr["flock"], "ignore", 0),
         (_JEQ, nr["clone3"], "enosys", 0),
         (_JEQ, nr["clone"], "clone", 0),
         (_JEQ, nr["socketpair"], "socketpair", 0),
@@ -236,6 +248,9 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool, d
         (_RET, _ALLOW, 0, 0),
         ("label", "fcntl"),
         (_LD_W_ABS, 24, 0, 0),  # args[1]: the command
+        *[(_JEQ, command, "ignore", 0) for command in SET_LOCK_COMMANDS],
+        (_JEQ, F_SETLEASE, "eperm", 0),
+        (_JEQ, F_NOTIFY, "eperm", 0),
         (_JEQ, F_SETPIPE_SZ, "eperm", "allow"),
         ("label", "clone"),
         (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the clone flags
@@ -269,7 +284,7 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool, d
         ("label", "eopnotsupp"),
         (_RET, _ERRNO | errno.EOPNOTSUPP, 0, 0),
         ("label", "ignore"),
-        (_RET, _ERRNO | 0, 0, 0),  # skip the call and return 0: the kernel clamps buffer sizes silently too
+        (_RET, _ERRNO | 0, 0, 0),  # skip the call and return 0 (buffer sizes, locks)
         ("label", "eperm"),
         (_RET, _ERRNO | errno.EPERM, 0, 0),
         ("label", "allow"),
