@@ -67,7 +67,7 @@ def check(args: argparse.Namespace) -> int:
             print(f"  {status}  {r.name:<26} {(r.gap + ': ') if r.gap else ''}{first}")
         verdict = f"{len(failed)} attack(s) did harm" if failed else "every attack was blocked"
         if gaps:
-            verdict += f"; {len(gaps)} did harm this host documents as NOT bounded (see resource bounds)"
+            verdict += f"; {len(gaps)} did harm the report above lists as open (NOT bounded or NOT mediated)"
         skipped = [r for r in results if r.skipped]
         if skipped:
             verdict += f"; {len(skipped)} could not be tried here"
