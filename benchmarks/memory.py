@@ -32,12 +32,15 @@ import psutil
 
 
 class PhasePeaks:
-    """The peak resident memory (MB) seen while each named phase ran, from a 50 ms sampler thread."""
+    """The peak resident memory (MB) seen while each named phase ran, from a 50 ms sampler thread, and the
+    seconds spent in each (a phase's own time: a phase called inside another is not counted twice)."""
 
     def __init__(self) -> None:
         self.process = psutil.Process()
         self.phase = "start-up"
         self.peaks: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+        self._since = time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -48,18 +51,26 @@ class PhasePeaks:
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), rss)
             time.sleep(0.05)
 
+    def enter(self, name: str) -> None:
+        """Charge the time since the last switch to the current phase, then make `name` current."""
+        now = time.perf_counter()
+        self.seconds[self.phase] = self.seconds.get(self.phase, 0.0) + now - self._since
+        self._since, self.phase = now, name
+
     def wrap(self, name: str, function: Callable) -> Callable:
         @functools.wraps(function)
         def in_phase(*args: Any, **kwargs: Any) -> Any:
-            outer, self.phase = self.phase, name
+            outer = self.phase
+            self.enter(name)
             try:
                 return function(*args, **kwargs)
             finally:
-                self.phase = outer
+                self.enter(outer)
 
         return in_phase
 
     def stop(self) -> dict[str, int]:
+        self.enter(self.phase)
         self._stop.set()
         self._thread.join()
         return {name: round(peak) for name, peak in self.peaks.items()}
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             padded, _ = padded_recipe(recipe, args.prompt_tokens, prepare_run, output_dir)
         run = prepare_run(padded)
         tokens = prompt_tokens(run)
-        peaks.phase = "model and trainer set-up"
+        peaks.enter("model and trainer set-up")
         trainer = AgenticGRPOTrainer(model=run.model_path, reward_funcs=run.rewards, args=run.config,
                                      train_dataset=run.train, rollout_parts=run.rollout_parts,
                                      peft_config=run.peft_config)  # fmt: skip
@@ -144,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         trainer.compute_loss = peaks.wrap("loss forward", trainer.compute_loss)
         trainer.accelerator.backward = peaks.wrap("backward", trainer.accelerator.backward)
-        peaks.phase = "optimizer step and logging"
+        peaks.enter("optimizer step and logging")
         began = time.time()
         trainer.train()
         seconds = time.time() - began
@@ -159,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_mb": max(phases.values()),
         "peak_mb_by_phase": phases,
         "step_seconds": [round(row["step_time"], 1) for row in steps],
+        "seconds_by_phase": {name: round(value, 1) for name, value in peaks.seconds.items()},
         "train_seconds": round(seconds, 1),
         "command": " ".join(["agentic-grpo bench memory", *argv]),
     }
