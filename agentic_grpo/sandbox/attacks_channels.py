@@ -20,16 +20,9 @@ from .attack_support import AttackResult, Context, last_json, run_code
 from .slot import SandboxSlot
 from .workspace import remove_tree
 
-# Host-wide files a pid namespace does not scope: bwrap's command line (pid 1 as root), uids holding keys,
-# the boot line, open-file counts, disk I/O, the host's boot id.
-PROC_FILES = (
-    "/proc/1/cmdline",
-    "/proc/key-users",
-    "/proc/cmdline",
-    "/proc/sys/fs/file-nr",
-    "/proc/diskstats",
-    "/proc/sys/kernel/random/boot_id",
-)
+# Host-wide files a pid namespace does not scope that say who and what runs on the host: bwrap's command line
+# (pid 1 as root), the uids holding keys, the kernel's boot line.
+PROC_FILES = ("/proc/1/cmdline", "/proc/key-users", "/proc/cmdline")
 _FLOCK = "hhqqi4x"  # struct flock on 64-bit Linux: type, whence, start, len, pid
 
 
@@ -123,7 +116,7 @@ def _locks_seen(path: str, inode: int) -> list[str]:
 
 def host_proc_files(ctx: Context, slot: SandboxSlot) -> AttackResult:
     """Read /proc files that are the host's whatever the pid namespace: bwrap's command line, the uids holding
-    keys, the boot line, open-file counts, disk I/O and the boot id. Harm is any of them read with content."""
+    keys, the boot line. Harm is any of them read with content."""
     result = run_code(slot, f"""
         import json
         out = {{}}

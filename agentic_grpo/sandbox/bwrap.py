@@ -40,30 +40,11 @@ ETC_FILES = (
 # interpreter under it (/opt/conda) gets its own prefix from interpreter_paths, nothing else of /opt.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 NICE = 10  # CPU priority of sandboxed code when no cpu cgroup bounds it
-# Host-wide /proc files a slot's own procfs still shows, masked: bwrap's own command line (pid 1 as root: host
-# paths), the uids that hold keys, the host's boot line, and its I/O, interrupts, memory zones and open-file
-# counts (what the trainer writes and when). Kept: /proc/self, cpuinfo and meminfo (programs size themselves
-# by them), and stat and loadavg (`ps` and `uptime` need them; sysinfo(2) reports the same loads and task count
-# to any process).
-PROC_MASKED = (
-    "/proc/1/cmdline",
-    "/proc/key-users",
-    "/proc/cmdline",
-    "/proc/vmstat",
-    "/proc/zoneinfo",
-    "/proc/buddyinfo",
-    "/proc/diskstats",
-    "/proc/partitions",
-    "/proc/interrupts",
-    "/proc/softirqs",
-    "/proc/schedstat",
-    "/proc/kallsyms",
-    "/proc/sys/fs/file-nr",
-    "/proc/sys/fs/inode-nr",
-    "/proc/sys/fs/dentry-state",
-    "/proc/sys/kernel/random/boot_id",
-    "/proc/pressure",
-)
+# Host-wide /proc files a slot's own procfs still shows that say who and what runs on the host, masked: bwrap's
+# own command line (pid 1 as root: host paths), the uids holding keys, the kernel's boot line. The host's
+# activity counters (load, tasks, memory, I/O, interrupts) stay, as in a container: `ps`, `uptime` and `free`
+# read them, sysinfo(2) gives the main ones to any process, and every mount here costs each call time.
+PROC_MASKED = ("/proc/1/cmdline", "/proc/key-users", "/proc/cmdline")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
@@ -192,10 +173,8 @@ def bwrap_argv(
     # /dev is remounted read-only below: its device nodes still work, /dev/shm cannot be written.
     argv += ["--proc", "/proc"]
     for path in PROC_MASKED:
-        if os.path.isdir(path):
-            argv += ["--perms", "0555", "--tmpfs", path, "--remount-ro", path]
-        elif os.path.exists(path):
-            argv += ["--ro-bind", "/dev/null", path]
+        if os.path.exists(path):
+            argv += ["--ro-bind", "/dev/null", path]  # unreadable: a device node on a nodev mount
     argv += ["--dev", "/dev", "--perms", "0555", "--dir", "/tmp"]
     made.add("/tmp")
     argv += parents(workspace) + ["--bind", workspace, workspace, "--chdir", workspace]

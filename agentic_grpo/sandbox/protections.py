@@ -51,8 +51,8 @@ def protections(layer: str, root: bool, abi: int) -> dict[str, str]:
             "writable, /tmp and /dev/shm read-only, no /etc secrets",
             "network": "bwrap network namespace: no interface but a downed loopback; seccomp allows only "
             "unix, inet, inet6 and netlink sockets (AF_VSOCK's port space is the host's)",
-            "isolation": f"{uid_note}pid, IPC and mount namespaces (own /proc, its host-wide files masked but stat, "
-            "loadavg, cpuinfo and meminfo; other workspaces not mounted)" + ("" if root else _OWN_PID_1),
+            "isolation": f"{uid_note}pid, IPC and mount namespaces (own /proc with bwrap's command line, key users and "
+            "the boot line masked; other workspaces not mounted)" + ("" if root else _OWN_PID_1),
             "kernel": _KERNEL,
             "privileges": "setpriv drops to the slot uid with no capability (ambient, inheritable, bounding) and "
             "no_new_privs; user namespaces refused by seccomp"
