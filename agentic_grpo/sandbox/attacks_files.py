@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import tempfile
+import textwrap
 from pathlib import Path
 
 from .attack_support import AttackResult, Context, last_json, run_code
@@ -125,6 +126,19 @@ def read_trainer_environ(ctx: Context, slot: SandboxSlot) -> AttackResult:
     return AttackResult("read_trainer_environ", blocked, result.stdout.strip()[-400:])
 
 
+def _write_each(paths: str) -> str:
+    """Code that writes to each path of the Python expression `paths` and prints WROTE or denied for each."""
+    return f"""
+for path in {paths}:
+    try:
+        with open(path, 'w') as f:
+            f.write('pwned')
+        print('WROTE', path)
+    except OSError as exc:
+        print('denied', path, exc.errno)
+"""
+
+
 def write_outside(ctx: Context, slot: SandboxSlot) -> AttackResult:
     token = secrets.token_hex(6)
     targets = [
@@ -135,18 +149,7 @@ def write_outside(ctx: Context, slot: SandboxSlot) -> AttackResult:
         str(slot.workspace.parent / f"attack-{token}"),
         str(Path(__file__).with_name(f"attack-{token}.py")),
     ]
-    result = run_code(
-        slot,
-        f"""
-        for path in {targets!r}:
-            try:
-                with open(path, 'w') as f:
-                    f.write('pwned')
-                print('WROTE', path)
-            except OSError as exc:
-                print('denied', path, exc.errno)
-        """,
-    )
+    result = run_code(slot, _write_each(repr(targets)))
     harmed = [t for t in targets[1:] if os.path.exists(t)]
     if ctx.decoy_file.read_text() != "original":
         harmed.append(str(ctx.decoy_file))
@@ -159,23 +162,14 @@ def write_outside(ctx: Context, slot: SandboxSlot) -> AttackResult:
 def symlink_escape(ctx: Context, slot: SandboxSlot) -> AttackResult:
     token = secrets.token_hex(6)
     created = ctx.decoy_dir / f"via-link-{token}"
-    result = run_code(
-        slot,
-        f"""
+    links = textwrap.dedent(f"""
         import os
         os.symlink({str(ctx.decoy_file)!r}, 'to_decoy')
         os.symlink({str(created)!r}, 'to_new')
         os.symlink('/', 'to_root')
         os.symlink({str(ctx.decoy_file)!r}, '.agentic_grpo_main.py')  # bait for the trainer's own writes
-        for path in ('to_decoy', 'to_new', 'to_root/tmp/agentic-grpo-link-{token}'):
-            try:
-                with open(path, 'w') as f:
-                    f.write('pwned')
-                print('WROTE', path)
-            except OSError as exc:
-                print('denied', path, exc.errno)
-        """,
-    )
+        """)  # fmt: skip
+    result = run_code(slot, links + _write_each(f"('to_decoy', 'to_new', 'to_root/tmp/agentic-grpo-link-{token}')"))
     harmed = [p for p in (str(created), f"/tmp/agentic-grpo-link-{token}") if os.path.exists(p)]
     if ctx.decoy_file.read_text() != "original":
         harmed.append(str(ctx.decoy_file))
