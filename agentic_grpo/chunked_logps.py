@@ -44,6 +44,7 @@ from agentic_grpo.host_memory import release_freed_memory
 from agentic_grpo.positions import positions_from_mask
 from agentic_grpo.shared_prompt import (
     cache_keyword,
+    joined_columns,
     read_on_prompts,
     read_prompts,
     shared_prompt_logps,
@@ -244,4 +245,4 @@ class ChunkedLogps:
         for start in range(0, width, columns):
             end = min(start + columns, width)
             parts.append(recomputed(model, read, input_ids[:, start:end], attention_mask[:, :end], tuple(parts)))
-        return tuple(torch.cat(layer, dim=-2) for layer in zip(*parts, strict=True)) if len(parts) > 1 else parts[0]
+        return joined_columns(parts)

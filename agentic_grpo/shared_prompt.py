@@ -59,6 +59,14 @@ def cached(config: Any, keys_values: Sequence[torch.Tensor]) -> Any:
     return cache
 
 
+def joined_columns(parts: Sequence[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+    """Keys and values read in pieces of columns (each as `read_prompts` returns them), joined per layer tensor
+    along the columns; a single piece as it is."""
+    return (
+        tuple(parts[0]) if len(parts) == 1 else tuple(torch.cat(layer, dim=-2) for layer in zip(*parts, strict=True))
+    )
+
+
 def read_prompts(
     model: Any,
     config: Any,
@@ -71,8 +79,7 @@ def read_prompts(
     layer 1, ...), each (rows, key/value heads, columns, head size). `before`: the keys and values of the columns
     that come before them, in pieces of columns as this returns them (`attention_mask` covers those and these)."""
     parts = list(before)
-    whole = [torch.cat(layer, dim=-2) for layer in zip(*parts, strict=True)] if len(parts) > 1 else parts
-    cache = cached(config, whole[0] if len(parts) == 1 else whole)
+    cache = cached(config, joined_columns(parts) if parts else ())
     model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1, **{cache_name: cache})
     columns = input_ids.size(1)
     # With keys and values before them, a layer's tensors are theirs and these: keep these alone, not a view of both.

@@ -38,7 +38,7 @@ from agentic_grpo.advantages import assign_turn_credit
 from agentic_grpo.backends import GenerationBackend, TrainerBackend
 from agentic_grpo.canaries import check_sampler_agreement
 from agentic_grpo.checkpoints import AtomicCheckpoints
-from agentic_grpo.chunked_logps import LOSS_CHUNK_TOKENS, ChunkedLogps
+from agentic_grpo.chunked_logps import ChunkedLogps
 from agentic_grpo.clipped import clipped_metrics, masked_loss_mask
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.data import with_row
@@ -146,8 +146,6 @@ class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ChunkedLogps, GRPOTrai
                 trajectory_format=trajectory_format or parts.trajectory_format,
             )
         self.rollout_parts = parts
-        # The most tokens the policy's loss reads with activations kept at once (`agentic_grpo.chunked_logps`).
-        self.loss_chunk_tokens = getattr(args, "loss_chunk_tokens", LOSS_CHUNK_TOKENS)
         self.trajectory_format = parts.trajectory_format
         self.experiments = args.experiments
         slot = getattr(parts.trajectory_format, "action_choices", None)
