@@ -384,6 +384,7 @@ class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ChunkedLogps, GRPOTrai
         sub-agents' adapters train on after a resume too."""
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         if self.cotraining is not None:
+            self.cotraining.restore_policy_adapter(resume_from_checkpoint)
             self.cotraining.make_trainable()
 
     def _log_raw_reward_means(self, inputs: list[dict[str, Any]]) -> None:
