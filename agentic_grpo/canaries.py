@@ -7,8 +7,8 @@ trainer disagree about the trajectories, and GRPO's ratio starts at 1 whatever t
 checks make them loud:
 
 - **Sampler-trainer agreement, every training step** (`logprob_agreement`): each sampled token's log-prob as
-  the sampler computed it against the trainer's for the same token (both at their temperatures, dropout
-  off), on a few rows the trainer reads for it (`rows_to_read`) or on all where TRL read them anyway. Logged
+  the sampler computed it against the trainer's for the same token (both at their temperatures, and under vLLM
+  after the same top-k/top-p/min-p; dropout off), on a few rows the trainer reads for it (`rows_to_read`) or on all where TRL read them anyway. Logged
   as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over `canary_logprob_limit` stops the run,
   naming the likely causes.
 - **Token round-trip, at start-up** (`agentic_grpo.token_round_trip`).
@@ -24,6 +24,8 @@ from typing import Any
 import torch
 
 from agentic_grpo.dropout import dropout_off
+from agentic_grpo.positions import positions_from_mask
+from agentic_grpo.sampling_distribution import filters_of, processed_token_logprobs
 
 TOKEN_LIMIT = 0.5
 """Nats: a token whose sampler and trainer log-probs differ by more counts in `share_over_0.5`."""
@@ -155,16 +157,24 @@ def check_sampler_agreement(trainer: Any, output: dict[str, Any], trajectories: 
     start = time.perf_counter()
     tokens = output["completion_mask"] * output.get("tool_mask", 1)
     padded = output["prompt_mask"][:, 0] == 0
-    scored = output.get("old_per_token_logps")  # TRL's own read, when it made one (dropout was off)
+    # vLLM reports log-probs after top-k/top-p/min-p (`agentic_grpo.sampling_distribution`); the trainer's own
+    # read does not filter, so under those filters the canary reads the rows itself and filters as the sampler did.
+    filters = filters_of(trainer)
+    processed = trainer.use_vllm and filters.active
+    scored = None if processed else output.get("old_per_token_logps")  # TRL's read, when it made one (dropout off)
     if scored is None:  # a few rows, read as TRL's loss reads them (same padding), dropout off
         rows = rows_to_read(output["prompt_ids"])
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)[rows]
         mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)[rows]
+        width = output["completion_ids"].size(1)
         # One forward for the few rows on every process: sharded engines (ZeRO-3, FSDP) need the same count.
         with torch.no_grad(), dropout_off(trainer.model):
-            scored = trainer._get_per_token_logps_and_entropies(
-                trainer.model, ids, mask, output["completion_ids"].size(1), len(rows)
-            )[0]
+            if processed:
+                with positions_from_mask(trainer.model):
+                    logits = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1]
+                scored = processed_token_logprobs(logits, ids[:, -width:], filters)
+            else:
+                scored = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width, len(rows))[0]
         sampled, tokens, padded = sampled[rows], tokens[rows], padded[rows]
     metrics = logprob_agreement(sampled, scored, tokens, trainer.accelerator.gather)
     trainer.log_metrics({**metrics, "time/canary": time.perf_counter() - start})

@@ -37,6 +37,23 @@ def check_trainer_setup(
             "different numbers of live trajectories per turn): use `vllm_mode: colocate` with "
             "`vllm_tensor_parallel_size: 1` (one engine per process), or a single training process"
         )
+    if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
+        check_sleep_mode_available()
+    filtered = [f"{name}: {getattr(args, name)}" for name, neutral in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
+                if getattr(args, name, None) not in (None, neutral)]  # fmt: skip
+    sequence_level = args.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate")
+    if args.use_vllm and args.vllm_importance_sampling_correction and sequence_level and filtered:
+        # vLLM reports the filtered distribution's log-probs (`agentic_grpo.sampling_distribution`), TRL's ratio
+        # divides the trainer's unfiltered probability by it: below 1 for every sampled token, and its product over
+        # a whole trajectory is near 0, so every sequence is masked or scaled to nothing.
+        raise ValueError(
+            f"vLLM samples from the distribution left after {', '.join(filtered)}, and TRL's sequence-level "
+            f"importance-sampling correction (`vllm_importance_sampling_mode: {args.vllm_importance_sampling_mode}`) "
+            "multiplies, over each trajectory, the trainer's unfiltered probability of each token over that "
+            "filtered one: every factor is below 1, the product is near 0, and no trajectory trains. Use "
+            "`vllm_importance_sampling_mode: token_truncate`, or drop the filters, or set "
+            "`vllm_importance_sampling_correction: false`"
+        )
     sharded = sharded_policy(args)
     on_policy = [agent.name for agent in agents if isinstance(getattr(agent, "source", None), PolicySource)]
     if sharded and on_policy:
@@ -70,6 +87,20 @@ def check_trainer_setup(
                 f"the {args.world_size} processes holds {per_process} samples ({held_by}), which splits some "
                 f"groups across processes: make that a multiple of {group_field}"
             )
+
+
+def check_sleep_mode_available() -> None:
+    """Refuse `vllm_enable_sleep_mode` where vLLM's platform cannot sleep (its CPU build: sleep mode frees and
+    remaps device memory through CUDA's allocator), before an engine starts and fails on its first `sleep`."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        raise ValueError(
+            f"`vllm_enable_sleep_mode: true`, but vLLM on this machine ({current_platform.device_name}) has no sleep "
+            "mode: it offloads and restores device memory through CUDA's allocator. Set "
+            "`vllm_enable_sleep_mode: false` (on a CPU, engine and trainer share host memory, so sleeping frees "
+            "nothing a GPU would lose)"
+        )
 
 
 def sharded_policy(args: Any) -> str | None:
