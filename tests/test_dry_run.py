@@ -10,7 +10,7 @@ import yaml
 
 from agentic_grpo.dry_run import documented_accelerate_config, dry_run
 from agentic_grpo.memory_estimate import GIB, Launch, ModelFacts, estimate, launch_from_accelerate_config, model_facts
-from agentic_grpo.models import SMOLLM2_ALIAS, TINY_ALIAS
+from agentic_grpo.models import SMOLLM2_ALIAS, TINY_ALIAS, TINY_VLLM_ALIAS
 from agentic_grpo.resources import find_shipped, shipped_dir, shipped_names
 from agentic_grpo.train import main as train
 
@@ -18,7 +18,7 @@ GPU_RECIPES = [
     name
     for name in shipped_names("recipes", ".yaml")
     if yaml.safe_load((shipped_dir("recipes") / f"{name}.yaml").read_text()).get("model_name_or_path")
-    not in (SMOLLM2_ALIAS, TINY_ALIAS)
+    not in (SMOLLM2_ALIAS, TINY_ALIAS, TINY_VLLM_ALIAS)
 ]
 
 
