@@ -73,13 +73,14 @@ def read_prompts(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     before: Sequence[Sequence[torch.Tensor]] = (),
-    cache_name: str = "cache",
+    cache_name: str | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The keys and values of the tokens `input_ids`, per layer in order (keys of layer 0, values of layer 0, keys of
     layer 1, ...), each (rows, key/value heads, columns, head size). `before`: the keys and values of the columns
     that come before them, in pieces of columns as this returns them (`attention_mask` covers those and these)."""
     parts = list(before)
     cache = cached(config, joined_columns(parts) if parts else ())
+    cache_name = cache_name or cache_keyword(model)
     model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1, **{cache_name: cache})
     columns = input_ids.size(1)
     # With keys and values before them, a layer's tensors are theirs and these: keep these alone, not a view of both.
@@ -122,13 +123,13 @@ def shared_prompt_logps(
     attention_mask: torch.Tensor,
     logits_to_keep: int,
     compute_entropy: bool = False,
-    cache_name: str = "cache",
+    cache_name: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Per-token log-probs (and entropies) of the last `logits_to_keep` tokens of each row, as TRL's
     `_get_per_token_logps_and_entropies` computes them, with each distinct prompt read once.
 
     `model` is TRL's policy with its fused log-prob head (`trl.trainer.utils.add_fused_lm_head`), as wrapped
-    for training; `config` its model config; `cache_name` its forward's cache keyword (`cache_keyword`).
+    for training; `config` its model config; `cache_name` its forward's cache keyword (default: `cache_keyword`).
     Returns None when no two rows share a prompt.
     """
     # The cache holds the prompt but its last token: that token's hidden state predicts the first completion
@@ -140,6 +141,7 @@ def shared_prompt_logps(
     if shared is None:
         return None
     first, inverse = shared
+    cache_name = cache_name or cache_keyword(model)
     keys_values = read_prompts(model, config, input_ids[first, :head], attention_mask[first, :head], (), cache_name)
     return read_on_prompts(
         model, config, logits_to_keep, compute_entropy, cache_name, input_ids[:, head:], attention_mask, inverse,

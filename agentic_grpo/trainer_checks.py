@@ -37,12 +37,12 @@ def check_trainer_setup(
             "different numbers of live trajectories per turn): use `vllm_mode: colocate` with "
             "`vllm_tensor_parallel_size: 1` (one engine per process), or a single training process"
         )
-    if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode:
+    if args.use_vllm and args.vllm_mode == "colocate" and getattr(args, "vllm_enable_sleep_mode", False):
         check_sleep_mode_available()
     filtered = [f"{name}: {getattr(args, name)}" for name, neutral in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
                 if getattr(args, name, None) not in (None, neutral)]  # fmt: skip
-    sequence_level = args.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate")
-    if args.use_vllm and args.vllm_importance_sampling_correction and sequence_level and filtered:
+    sequence_level = getattr(args, "vllm_importance_sampling_mode", None) in ("sequence_mask", "sequence_truncate")
+    if args.use_vllm and getattr(args, "vllm_importance_sampling_correction", False) and sequence_level and filtered:
         # vLLM reports the filtered distribution's log-probs (`agentic_grpo.sampling_distribution`), TRL's ratio
         # divides the trainer's unfiltered probability by it: below 1 for every sampled token, and its product over
         # a whole trajectory is near 0, so every sequence is masked or scaled to nothing.
