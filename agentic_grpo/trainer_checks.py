@@ -26,17 +26,26 @@ def check_trainer_setup(
             f"co-trained sub-agents ({trained}, `train: true`) train in one process only, and this launch has "
             f"{args.world_size}: launch one process, or freeze the sub-agents (drop `train: true`)"
         )
-    sharded_vllm = args.use_vllm and (args.vllm_mode == "server" or args.vllm_tensor_parallel_size > 1)
+    sharded_vllm = args.use_vllm and args.vllm_mode == "colocate" and args.vllm_tensor_parallel_size > 1
     if sharded_vllm and args.world_size > 1:
-        # TRL gathers every process's prompts for each generate call and hands each process the slice at
-        # `process_index * len(its prompts)`, which is only right when every process has the same number of
-        # live trajectories at every turn; in a multi-turn rollout they finish at different turns.
+        # TRL gathers the prompts of a tensor-parallel group for each generate call and hands each process the
+        # slice at its rank, which is only right when every process has the same number of live trajectories at
+        # every turn; in a multi-turn rollout they finish at different turns.
         raise ValueError(
-            f"vLLM in `{args.vllm_mode}` mode with tensor_parallel_size {args.vllm_tensor_parallel_size} across "
-            f"{args.world_size} processes would hand some process another process's completions (processes have "
-            "different numbers of live trajectories per turn): use `vllm_mode: colocate` with "
-            "`vllm_tensor_parallel_size: 1` (one engine per process), or a single training process"
+            f"vLLM with tensor_parallel_size {args.vllm_tensor_parallel_size} across {args.world_size} processes "
+            "would hand some process another process's completions (processes have different numbers of live "
+            "trajectories per turn): use `vllm_tensor_parallel_size: 1` (one engine per process), or "
+            "`vllm_mode: server` (each process sends its own trajectories), or a single training process"
         )
+    if args.use_vllm and args.vllm_mode == "server" and not peft:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "vLLM server mode with full weights syncs them to the server over NCCL, which needs CUDA, and this "
+                "machine has none: train a LoRA adapter (`use_peft: true`), which reaches the server by file "
+                "(agentic_grpo.vllm_server), or use `vllm_mode: colocate`"
+            )
     if args.use_vllm and args.vllm_mode == "colocate" and getattr(args, "vllm_enable_sleep_mode", False):
         check_sleep_mode_available()
     filtered = [f"{name}: {getattr(args, name)}" for name, neutral in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))

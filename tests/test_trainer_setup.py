@@ -161,18 +161,26 @@ def test_importance_sampling_without_sampling_logprobs_stops_with_a_clear_error(
         trainer._sampling_logprobs(trajectories)
 
 
-def test_vllm_sharded_over_processes_is_refused():
-    # Server mode (or tensor parallelism) with several processes: TRL would slice another process's completions.
+def test_vllm_tensor_parallel_over_processes_is_refused_and_server_mode_is_not():
+    # Tensor parallelism with several processes: TRL would slice another process's completions. Server mode sends
+    # each process's own trajectories (agentic_grpo.vllm_server; run for real in tests/test_vllm_server.py).
+    layout = dict(per_device_train_batch_size=8, steps_per_generation=1, num_generations=4, world_size=2,
+                  use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2)  # fmt: skip
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 across 2 processes would hand some process"):
+        check_trainer_setup(SimpleNamespace(**layout), [exact])
+    server = SimpleNamespace(**{**layout, "vllm_mode": "server", "vllm_tensor_parallel_size": 1})
+    check_trainer_setup(server, [exact], peft=True)
+    check_trainer_setup(SimpleNamespace(**{**layout, "vllm_tensor_parallel_size": 1}), [exact])
+    check_trainer_setup(SimpleNamespace(**{**layout, "world_size": 1}), [exact])
+
+
+def test_full_weight_server_mode_without_cuda_is_refused():
+    # TRL's full-weight sync to a server is NCCL; a LoRA adapter goes by file and needs none.
     layout = dict(per_device_train_batch_size=8, steps_per_generation=1, num_generations=4, world_size=2,
                   use_vllm=True, vllm_mode="server", vllm_tensor_parallel_size=1)  # fmt: skip
-    with pytest.raises(ValueError, match="would hand some process another process's completions"):
+    with pytest.raises(ValueError, match="over NCCL, which needs CUDA"):
         check_trainer_setup(SimpleNamespace(**layout), [exact])
-    with pytest.raises(ValueError, match="tensor_parallel_size 2"):
-        check_trainer_setup(
-            SimpleNamespace(**{**layout, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2}), [exact]
-        )
-    check_trainer_setup(SimpleNamespace(**{**layout, "vllm_mode": "colocate"}), [exact])
-    check_trainer_setup(SimpleNamespace(**{**layout, "world_size": 1}), [exact])
+    check_trainer_setup(SimpleNamespace(**layout), [exact], peft=True)
 
 
 def test_co_training_with_several_processes_is_refused():
