@@ -100,6 +100,21 @@ def write_recipe(tmp_path: Path, **changes: Any) -> Path:
     return path
 
 
+def require_vllm() -> None:
+    """At a vLLM test module's top: skip it where vLLM is not installed, except under CI, where that skip would hide
+    that the vllm lane never ran: fail there."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail("vLLM is not installed, and CI must run the vllm lane: WITH_VLLM=1 bash scripts/setup.sh",
+                    pytrace=False)  # fmt: skip
+    pytest.skip("vLLM is not installed (WITH_VLLM=1 bash scripts/setup.sh)", allow_module_level=True)
+
+
 # --- a trainer in this process ---------------------------------------------------------------------------
 
 TRAINER_DEFAULTS: dict[str, Any] = dict(

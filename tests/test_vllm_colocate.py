@@ -9,23 +9,17 @@ these tests skip, except under CI, where a skip would hide that the lane never r
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import ROOT, run_python, train, write_recipe
+from tests.helpers import ROOT, require_vllm, run_python, train, write_recipe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("CI"):
-        pytest.fail("vLLM is not installed, and CI must run the vllm lane: WITH_VLLM=1 bash scripts/setup.sh",
-                    pytrace=False)  # fmt: skip
-    pytest.skip("vLLM is not installed (WITH_VLLM=1 bash scripts/setup.sh)", allow_module_level=True)
+require_vllm()
 
 # The engine's key/value cache on the CPU backend: a fixed 1 GiB, instead of a share of the memory node that
 # depends on what else runs on the machine.

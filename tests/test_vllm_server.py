@@ -8,9 +8,7 @@ Lane `vllm` (`pytest -m vllm`); under CI a missing vLLM fails instead of skippin
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -21,15 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import environment, launch_two_processes
+from tests.helpers import environment, launch_two_processes, require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("CI"):
-        pytest.fail("vLLM is not installed, and CI must run the vllm lane: WITH_VLLM=1 bash scripts/setup.sh",
-                    pytrace=False)  # fmt: skip
-    pytest.skip("vLLM is not installed (WITH_VLLM=1 bash scripts/setup.sh)", allow_module_level=True)
+require_vllm()
 
 
 def free_port() -> int:
