@@ -125,6 +125,37 @@ def test_a_multi_turn_rollout_syncs_the_weights_once_and_leaves_the_engine_aslee
     assert len(syncs) == 4  # one per turn: what the session removes
 
 
+def trl_step(generation, backend, tokenizer):
+    """One optimizer step's generation in a real run's order: TRL syncs the weights (the step is new), then calls
+    `rollout_func`, whose rollout runs in the backend's session."""
+    generation.sync_weights()
+    return roll(backend, tokenizer)
+
+
+def test_in_a_real_runs_order_each_step_syncs_once_and_a_double_sync_is_counted(vllm_generation, tiny_model_dir,
+                                                                                 tokenizer):  # fmt: skip
+    from transformers import AutoModelForCausalLM
+
+    generation, syncs = vllm_generation(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer)
+    backend = backend_on(generation, tokenizer)
+    for step in (1, 2, 3):
+        _, stats = trl_step(generation, backend, tokenizer)
+        assert stats.turns == 4
+        assert len(syncs) == step  # TRL's sync, and none of the session's: the weights were awake and current
+        assert generation.llm.events[-1] == ("sleep", 2)
+
+    class SyncsAlways(VLLMBackend):  # planted: a session that syncs whether or not TRL just did
+        @contextlib.contextmanager
+        def session(self):
+            self.vllm.sync_weights()
+            with VLLMBackend.session(self):
+                yield
+
+    generation, syncs = vllm_generation(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer)
+    trl_step(generation, backend_on(generation, tokenizer, SyncsAlways), tokenizer)
+    assert len(syncs) == 2
+
+
 def base_checksum(model) -> str:
     digest = hashlib.sha256()
     for name, param in model.named_parameters():
