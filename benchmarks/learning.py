@@ -97,10 +97,16 @@ CHOICE_METRICS = {
 BREAKDOWN = ("answer_lost_rate", "kinds")
 
 
-def train(recipe: str, seed: int, output_dir: str, max_steps: int | None) -> tuple[float, int]:
+VLLM_SAMPLING = ["--use_vllm", "true", "--vllm_gpu_memory_utilization", "0.3"]
+"""`--engine vllm`: the training rollouts sampled by a colocated vLLM engine (the held-out evaluation stays HF's)."""
+
+
+def train(recipe: str, seed: int, output_dir: str, max_steps: int | None, engine: str = "hf") -> tuple[float, int]:
     """Train one run in a child process; returns its minutes and its peak resident memory in MB."""
     command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", recipe, "--seed", str(seed),
                "--output_dir", output_dir, "--eval_before_after", "false", "--overwrite_output_dir", "true"]  # fmt: skip
+    if engine == "vllm":
+        command += VLLM_SAMPLING
     if max_steps:
         command += ["--max_steps", str(max_steps)]
     start = time.time()
@@ -114,7 +120,7 @@ def train(recipe: str, seed: int, output_dir: str, max_steps: int | None) -> tup
 
 def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Namespace, before: dict) -> dict:
     """One seed: a real training run, then its strict held-out accuracy."""
-    minutes, peak_mb = train(recipe, seed, output_dir, args.max_steps)
+    minutes, peak_mb = train(recipe, seed, output_dir, args.max_steps, args.engine)
     after = held_out(output_dir, recipe, args.questions, args.k, Path(output_dir) / "held_out.json")
     run = {
         "seed": seed,
@@ -161,6 +167,9 @@ def main() -> int:
     parser.add_argument("--questions", type=int, default=48, help="held-out questions to evaluate")
     parser.add_argument("-k", type=int, default=1, help="1 = greedy pass@1; k > 1 = sampled pass@k")
     parser.add_argument("--output-dir", default=None, help="run directories' prefix (default: outputs/learning)")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                        help="what samples the training rollouts: HF generate, or a colocated vLLM engine "
+                             "(`use_vllm: true`); the held-out evaluation is HF's either way (default: hf)")  # fmt: skip
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else args.seeds
 
@@ -182,11 +191,13 @@ def main() -> int:
     runs = []
     for seed in seeds:
         run = functools.partial(train_and_measure, recipe, seed, f"{stem}-seed{seed}", args, before)
-        runs.append(cached(Path(f"{stem}-seed{seed}.json"), {**key, "max_steps": args.max_steps}, run))
+        engine = {"engine": args.engine} if args.engine != "hf" else {}  # the key of runs cached before the option
+        runs.append(cached(Path(f"{stem}-seed{seed}.json"), {**key, "max_steps": args.max_steps, **engine}, run))
     gains = [r["gain_points"] for r in runs]
     result = {
         "benchmark": "learning",
         "recipe": shipped.name,
+        "engine": args.engine,
         "scoring": "strict: the final answer is the reference number itself",
         "questions": args.questions,
         "k": args.k,
