@@ -26,18 +26,25 @@ class SamplingFilters:
     top_p: float = 1.0
     min_p: float = 0.0
 
+    def named(self) -> list[str]:
+        """The filters that are on, as `name: value`."""
+        values = (("top_k", self.top_k, 0), ("top_p", self.top_p, 1.0), ("min_p", self.min_p, 0.0))
+        return [f"{name}: {value}" for name, value, neutral in values if value != neutral]
+
     @property
     def active(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+        return bool(self.named())
 
 
-def filters_of(trainer: Any) -> SamplingFilters:
-    """The sampling filters a `GRPOTrainer` samples with (its recipe's temperature, top_k, top_p, min_p)."""
+def filters_of(sampler: Any) -> SamplingFilters:
+    """The sampling filters of a `GRPOTrainer` or its config (temperature, top_k, top_p, min_p; a field it lacks is
+    neutral)."""
+    top_p = getattr(sampler, "top_p", None)
     return SamplingFilters(
-        temperature=float(trainer.temperature),
-        top_k=int(trainer.top_k or 0),
-        top_p=1.0 if trainer.top_p is None else float(trainer.top_p),
-        min_p=float(trainer.min_p or 0.0),
+        temperature=float(getattr(sampler, "temperature", 1.0)),
+        top_k=int(getattr(sampler, "top_k", 0) or 0),
+        top_p=1.0 if top_p is None else float(top_p),
+        min_p=float(getattr(sampler, "min_p", 0.0) or 0.0),
     )
 
 

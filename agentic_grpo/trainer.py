@@ -68,7 +68,7 @@ from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_trainer_setup
 from agentic_grpo.trajectory import Trajectory
 from agentic_grpo.vllm_backend import VLLMBackend
-from agentic_grpo.vllm_server import ServerGeneration
+from agentic_grpo.vllm_server import install_server_generation, trl_without_weight_transfer
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
 # We use `rollout_func` on purpose; TRL's "experimental" banner would only alarm users.
@@ -152,20 +152,12 @@ class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ChunkedLogps, GRPOTrai
         slot = getattr(parts.trajectory_format, "action_choices", None)
         if self.experiments.spread_first_action and slot is None:
             raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
-        # vLLM server mode: every process sends its own requests (`agentic_grpo.vllm_server`). A LoRA policy's
-        # adapter reaches the server by file, so TRL must not open its NCCL weight transfer for it.
-        server = args.use_vllm and args.vllm_mode == "server"
-        args.use_vllm = args.use_vllm and not (server and lora)
-        try:
+        with trl_without_weight_transfer(args, lora):  # vLLM server mode: `agentic_grpo.vllm_server`
             super().__init__(
                 model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                 rollout_func=self._rollout, **kwargs,
             )  # fmt: skip
-        finally:
-            args.use_vllm = args.use_vllm or server
-        if server:
-            self.use_vllm, self._last_loaded_step = True, -1  # TRL syncs before each rollout of a new step
-            self.vllm_generation = ServerGeneration(self, weights=None if lora else self.vllm_generation)
+        install_server_generation(self, lora)
         # TRL's `mask_truncated_completions` tests the last token (not EOS = cut), which mislabels
         # trajectories ending on a stop string or out of turns; we mask by finish reason in `env_mask`.
         self.mask_truncated_by_finish_reason = self.mask_truncated_completions

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agentic_grpo.config import AgenticGRPOConfig
+from agentic_grpo.sampling_distribution import filters_of
 from agentic_grpo.subagents.sources import PolicySource
 
 
@@ -48,8 +49,7 @@ def check_trainer_setup(
             )
     if args.use_vllm and args.vllm_mode == "colocate" and getattr(args, "vllm_enable_sleep_mode", False):
         check_sleep_mode_available()
-    filtered = [f"{name}: {getattr(args, name)}" for name, neutral in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
-                if getattr(args, name, None) not in (None, neutral)]  # fmt: skip
+    filtered = filters_of(args).named()
     sequence_level = getattr(args, "vllm_importance_sampling_mode", None) in ("sequence_mask", "sequence_truncate")
     if args.use_vllm and getattr(args, "vllm_importance_sampling_correction", False) and sequence_level and filtered:
         # vLLM reports the filtered distribution's log-probs (`agentic_grpo.sampling_distribution`), TRL's ratio

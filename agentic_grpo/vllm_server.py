@@ -21,10 +21,35 @@ Weights reach the server in one of two ways:
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+
+@contextlib.contextmanager
+def trl_without_weight_transfer(args: Any, lora: bool) -> Iterator[None]:
+    """Around TRL's `GRPOTrainer.__init__`: for a LoRA policy in server mode, TRL is built as if without vLLM, so
+    that it opens no NCCL weight transfer (the adapter reaches the server by file); `args` is left as it was."""
+    by_file = args.use_vllm and args.vllm_mode == "server" and lora
+    if by_file:
+        args.use_vllm = False
+    try:
+        yield
+    finally:
+        if by_file:
+            args.use_vllm = True
+
+
+def install_server_generation(trainer: Any, lora: bool) -> None:
+    """In server mode, `trainer.vllm_generation` becomes a `ServerGeneration` (every process its own requests),
+    and TRL syncs before each rollout of a new optimizer step; in colocate mode, or without vLLM, nothing changes."""
+    if not (trainer.args.use_vllm and trainer.args.vllm_mode == "server"):
+        return
+    trainer.use_vllm, trainer._last_loaded_step = True, -1
+    trainer.vllm_generation = ServerGeneration(trainer, weights=None if lora else trainer.vllm_generation)
 
 
 class ServerGeneration:

@@ -3,7 +3,6 @@ log-probs with, and the start-up refusal of filters under TRL's sequence-level i
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.sampling_distribution import SamplingFilters, processed_log_softmax, processed_token_logprobs
 from agentic_grpo.trainer_checks import check_trainer_setup
+from tests.helpers import require_vllm
 
 
 def test_temperature_alone_is_log_softmax_of_the_scaled_logits():
@@ -52,10 +52,10 @@ def test_token_logprobs_pick_each_target_row_by_row():
     assert torch.equal(got, whole)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="compares with vLLM's own sampler (vllm lane)")
 @pytest.mark.vllm
 @pytest.mark.parametrize(("top_k", "top_p"), [(20, 1.0), (0, 0.9), (10, 0.8)])
 def test_the_same_processing_as_vllms_sampler(top_k, top_p):
+    require_vllm()  # compares with vLLM's own sampler
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
     torch.manual_seed(0)
