@@ -44,6 +44,7 @@ from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.data import with_row
 from agentic_grpo.dropout import dropout_off
 from agentic_grpo.environment import ToolEnvironment
+from agentic_grpo.epoch_order import ResumableOrder
 from agentic_grpo.experimental.choice_gradient import (
     choice_loss,
     choice_targets,
@@ -67,7 +68,7 @@ from agentic_grpo.subagents.usage import subagent_metrics
 from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_trainer_setup
 from agentic_grpo.trajectory import Trajectory
-from agentic_grpo.vllm_backend import VLLMBackend
+from agentic_grpo.vllm_backend import VLLMBackend, engine_in_policy_dtype
 from agentic_grpo.vllm_server import install_server_generation, trl_without_weight_transfer
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
@@ -96,6 +97,7 @@ PRIVATE_SEAMS: dict[str, tuple[str, ...]] = {
     "Trainer._load_callback_state": ("self",),
     "Trainer._get_output_dir": ("self", "trial"),
     "GRPOTrainer._save_checkpoint": ("self", "model", "trial"),
+    "GRPOTrainer._get_train_sampler": ("self", "dataset"),
 }
 
 
@@ -103,7 +105,7 @@ def nan_if_none(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ChunkedLogps, GRPOTrainer):
+class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, ChunkedLogps, GRPOTrainer):
     """GRPO on multi-turn tool-use trajectories.
 
     Args:
@@ -152,7 +154,8 @@ class AgenticGRPOTrainer(ResumeCanary, AtomicCheckpoints, ChunkedLogps, GRPOTrai
         slot = getattr(parts.trajectory_format, "action_choices", None)
         if self.experiments.spread_first_action and slot is None:
             raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
-        with trl_without_weight_transfer(args, lora):  # vLLM server mode: `agentic_grpo.vllm_server`
+        # vLLM: the colocated engine in the policy's dtype; in server mode with LoRA, no NCCL weight transfer.
+        with engine_in_policy_dtype(args, model), trl_without_weight_transfer(args, lora):
             super().__init__(
                 model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                 rollout_func=self._rollout, **kwargs,

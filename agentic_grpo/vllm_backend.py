@@ -13,6 +13,10 @@ at its end. For a LoRA policy, the weights vLLM receives are each base weight pl
 into a new tensor (`merged_parameters`): TRL merges the adapter into the base weights and unmerges it in place,
 which in bf16 leaves rounding behind in the base (the reference model of the KL term) at every sync.
 
+The colocated engine samples in the dtype the policy trains in (`engine_in_policy_dtype`). TRL builds it at the
+checkpoint's own dtype, so a policy in TRL's default float32 is sampled in bfloat16 wherever the checkpoint says
+bfloat16: a sampler that is not the policy, and, on a CPU without bfloat16 units, an emulated one.
+
 Token ids in, token ids out, as for the HF backends: vLLM takes `prompt_token_ids`.
 
 Each turn's sampling log-probs (top-1 per position: the sampled token's) stay with the
@@ -30,7 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,6 +49,34 @@ NO_CONSTRAINED_ACTIONS = (
 )
 
 
+def policy_dtype(model: Any, args: Any) -> str | None:
+    """The dtype the policy's weights are in (a model object) or will be loaded in (a name: the recipe's
+    `model_init_kwargs`); None where the checkpoint decides (`auto`)."""
+    if isinstance(model, torch.nn.Module):
+        return str(next(model.parameters()).dtype).removeprefix("torch.")
+    dtype = (args.model_init_kwargs or {}).get("dtype", "auto")
+    dtype = str(dtype).removeprefix("torch.")
+    return None if dtype == "auto" else dtype
+
+
+@contextlib.contextmanager
+def engine_in_policy_dtype(args: Any, model: Any) -> Iterator[None]:
+    """Around TRL's `GRPOTrainer.__init__` in colocate mode: the `LLM` TRL builds gets `dtype=` the policy's
+    (a private seam: TRL passes no dtype; see `PRIVATE_SEAMS`)."""
+    dtype = policy_dtype(model, args)
+    if not (args.use_vllm and args.vllm_mode == "colocate" and dtype):
+        yield
+        return
+    from trl.generation import vllm_generation
+
+    engine = vllm_generation.LLM
+    vllm_generation.LLM = functools.partial(engine, dtype=dtype)
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = engine
+
+
 class VLLMBackend:
     """Generation through `trainer.vllm_generation` (TRL syncs its weights before each `rollout_func` call)."""
 
@@ -52,10 +85,17 @@ class VLLMBackend:
         self.vllm = trainer.vllm_generation
         self.tokenizer = trainer.processing_class
         self.eos_token_ids = list(trainer.eos_token_ids)
+        # No public seam: TRL's sync reads the weights through `_iter_named_params` (see `PRIVATE_SEAMS`).
+        weights = self.vllm._iter_named_params
         if is_peft_model(getattr(self.vllm, "model", None)):
-            # No public seam: TRL's sync reads the weights through this method. Under FSDP it walks the sharded
-            # modules its own way; `check_trainer_setup` refuses a LoRA policy with vLLM there.
-            self.vllm._iter_named_params = functools.partial(merged_parameters, self.vllm)
+            # Under FSDP TRL walks the sharded modules its own way; `check_trainer_setup` refuses a LoRA policy
+            # with vLLM there.
+            weights = functools.partial(merged_parameters, self.vllm)
+        if self.vllm.mode == "colocate" and engine_on_cpu(self.vllm):
+            weights = functools.partial(reloaded_into_kernels, self.vllm, weights)
+        self.vllm._iter_named_params = weights
+        if hasattr(trainer, "log_metrics"):  # the trainer's, not a benchmark's stand-in
+            self.vllm.sync_weights = timed(self.vllm.sync_weights, "time/weight_sync", trainer.log_metrics)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -110,6 +150,46 @@ class VLLMBackend:
                 generation.logprobs = [lp[0] for lp in logprobs[i][: len(generation.token_ids)]]
             generations.append(generation)
         return generations
+
+
+def timed(func: Callable[[], None], name: str, log: Callable[[dict[str, float]], None]) -> Callable[[], None]:
+    """`func`, its seconds logged under `name` at each call."""
+
+    @functools.wraps(func)
+    def timing() -> None:
+        start = time.perf_counter()
+        func()
+        log({name: time.perf_counter() - start})
+
+    return timing
+
+
+def engine_on_cpu(vllm: Any) -> bool:
+    return vllm.llm.llm_engine.vllm_config.device_config.device_type == "cpu"
+
+
+def reloaded_into_kernels(vllm: Any, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> Iterator:
+    """`weights()`, loaded by TRL into the colocated engine through vLLM's layer-wise reload.
+
+    vLLM's CPU backend repacks a linear layer's weight for its matmul kernel (oneDNN, for fp32 on any x86 CPU and
+    bf16 on AVX-512 ones) and drops the weight itself, so TRL's plain `load_weights` finds nothing to load into
+    ("'Parameter' object has no attribute 'weight_loader'"). The reload puts the layers back as they were built,
+    loads, and repacks each layer once all its weights are in. A weight tied to another layer's (the output head
+    to the embeddings) is reloaded through one of them only: the other is repacked here."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    runner = vllm.llm.llm_engine.model_executor.driver_worker.model_runner
+    model = runner.model
+    initialize_layerwise_reload(model)
+    yield from weights()
+    finalize_layerwise_reload(model, runner.model_config)
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        if isinstance(getattr(module, "weight", None), torch.Tensor) and hasattr(module, "quant_method"):
+            owners.setdefault(id(module.weight), []).append(module)
+    for tied in (modules for modules in owners.values() if len(modules) > 1):
+        for module in tied:
+            module.quant_method.process_weights_after_loading(module)
 
 
 def merged_parameters(vllm: Any) -> Iterator[tuple[str, torch.Tensor]]:

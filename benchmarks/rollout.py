@@ -28,8 +28,8 @@ Rates count model tokens only (tool output excluded). Anything after `--` goes t
     agentic-grpo bench rollout --engine vllm --no-trl --no-before # HF generate against a colocated vLLM engine
 
 With `--engine vllm` the same rollouts then run on a colocated vLLM engine that TRL builds as the trainer does
-(`vllm_bound`, `vllm`), loaded from the model's directory in the dtype of its config; `hf_dtype` and `vllm_dtype`
-say what each ran in.
+(`vllm_bound`, `vllm`), loaded from the model's directory in the policy's dtype; `hf_dtype` and `vllm_dtype` say
+what each ran in.
 """
 
 from __future__ import annotations
@@ -192,16 +192,18 @@ def vllm_backend(model: Any, tokenizer: Any, built: Any, sequences: int) -> Any:
     from accelerate import Accelerator
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from agentic_grpo.vllm_backend import VLLMBackend
+    from agentic_grpo.vllm_backend import VLLMBackend, engine_in_policy_dtype
 
     config = built.config
     _, eos_ids = sampling(model, tokenizer, config)
-    engine = VLLMGeneration(
-        model=model, accelerator=Accelerator(), processing_class=tokenizer, mode="colocate",
-        gpu_memory_utilization=config.vllm_gpu_memory_utilization, max_model_length=config.vllm_max_model_length,
-        max_num_seqs=sequences, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k or 0,
-        min_p=config.min_p or 0.0, max_completion_length=config.max_tokens_per_turn, logprobs=0,
-    )  # fmt: skip
+    colocated = SimpleNamespace(use_vllm=True, vllm_mode="colocate")
+    with engine_in_policy_dtype(colocated, model):
+        engine = VLLMGeneration(
+            model=model, accelerator=Accelerator(), processing_class=tokenizer, mode="colocate",
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization, max_model_length=config.vllm_max_model_length,
+            max_num_seqs=sequences, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k or 0,
+            min_p=config.min_p or 0.0, max_completion_length=config.max_tokens_per_turn, logprobs=0,
+        )  # fmt: skip
     # The three parts of a trainer the backend reads.
     return VLLMBackend(SimpleNamespace(vllm_generation=engine, processing_class=tokenizer, eos_token_ids=eos_ids))
 

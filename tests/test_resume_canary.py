@@ -26,12 +26,14 @@ def rows(names=("a", "b", "c", "d")) -> list[dict]:
     return [{"prompt": case_prompt(name), "question": name, "answer": "1"} for name in names]
 
 
-def trainer_for(model_dir, out, data=None) -> AgenticGRPOTrainer:
+def trainer_for(model_dir, out, data=None, **overrides) -> AgenticGRPOTrainer:
+    """One question per step (G=2), a checkpoint after each step: 4 rows make an epoch of 4 steps."""
+    settings = dict(max_steps=2, save_strategy="steps", save_steps=1, num_generations=2, per_device_train_batch_size=2,
+                    max_turns=2, max_tokens_per_turn=8, max_completion_length=32, learning_rate=1e-2,
+                    save_trajectories_steps=0)  # fmt: skip
     return build_trainer(
         model_dir, out, [distinct_characters], data or rows(), peft_config=LORA, stepped_by_hand=False,
-        environment="agentic_grpo.tools.calculator:Calculator", max_steps=2, save_strategy="steps", save_steps=1,
-        num_generations=2, per_device_train_batch_size=2, max_turns=2, max_tokens_per_turn=8, max_completion_length=32,
-        learning_rate=1e-2, save_trajectories_steps=0,
+        environment="agentic_grpo.tools.calculator:Calculator", **{**settings, **overrides},
     )  # fmt: skip
 
 
@@ -82,3 +84,24 @@ def test_generators_that_were_not_restored_stop_the_run(tiny_model_dir, interrup
     monkeypatch.setattr(AgenticGRPOTrainer, "_load_rng_state", lambda self, checkpoint: None)
     with pytest.raises(CanaryError, match="what differs: the random state"):
         resume(tiny_model_dir, interrupted, tmp_path)
+
+
+@pytest.mark.parametrize("checkpoint", [4, 5], ids=["at-the-epoch-end", "inside-the-second-epoch"])
+def test_a_resume_in_a_later_epoch_ends_where_the_uninterrupted_run_ends(tiny_model_dir, tmp_path, checkpoint):
+    """The second epoch's rows are drawn in another order than the first's (TRL's sampler advances one generator
+    per pass); a run resumed at or after the first epoch's end draws the second epoch's order, passes the canary
+    and ends with the uninterrupted run's weights, bit for bit."""
+    import shutil
+
+    from agentic_grpo.resume_canary import weights_fingerprint
+
+    whole = trainer_for(tiny_model_dir, tmp_path / "whole", max_steps=6)
+    whole.train()
+    out = tmp_path / "resumed"
+    out.mkdir()
+    shutil.copytree(tmp_path / "whole" / f"checkpoint-{checkpoint}", out / f"checkpoint-{checkpoint}")
+    resumed = trainer_for(tiny_model_dir, out, max_steps=6)
+    resumed.train(resume_from_checkpoint=str(out / f"checkpoint-{checkpoint}"))
+    outcome = json.loads((out / "run.json").read_text())["resume_canary"]
+    assert {outcome[k] for k in ("weights", "rows", "rng")} == {"as the interrupted run"}, outcome
+    assert weights_fingerprint(resumed.model) == weights_fingerprint(whole.model)

@@ -4,13 +4,19 @@
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
+import pytest
+import torch
 from transformers import Trainer
 from trl import GRPOTrainer
 
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.chunked_logps import ChunkedLogps
+from agentic_grpo.epoch_order import ResumableOrder
+from agentic_grpo.resume_canary import ResumeCanary
 from agentic_grpo.trainer import PRIVATE_SEAMS, AgenticGRPOTrainer
+from tests.helpers import require_vllm
 
 OWNERS = {"GRPOTrainer": GRPOTrainer, "Trainer": Trainer}
 
@@ -58,7 +64,7 @@ def test_a_changed_signature_is_reported_naming_the_method():
 
 
 def test_every_private_method_the_trainer_overrides_is_in_the_table():
-    ours = (AgenticGRPOTrainer, AtomicCheckpoints, ChunkedLogps)
+    ours = (AgenticGRPOTrainer, AtomicCheckpoints, ChunkedLogps, ResumableOrder, ResumeCanary)
     overridden = {
         f"{'GRPOTrainer' if name in vars(GRPOTrainer) else 'Trainer'}.{name}"
         for cls in ours
@@ -66,3 +72,41 @@ def test_every_private_method_the_trainer_overrides_is_in_the_table():
         if name.startswith("_") and not name.startswith("__") and hasattr(GRPOTrainer, name)
     }
     assert overridden and overridden <= set(PRIVATE_SEAMS), overridden - set(PRIVATE_SEAMS)
+
+
+def test_trl_builds_the_colocated_engine_with_no_dtype_of_its_own():
+    """`vllm_backend.engine_in_policy_dtype` hands TRL's `LLM(...)` the policy's dtype by a keyword TRL does not
+    pass; were TRL to pass one, its own would silently win."""
+    require_vllm()  # TRL's vLLM module defines `LLM` only with vLLM installed
+    from trl.generation import vllm_generation
+
+    source = inspect.getsource(vllm_generation.VLLMGeneration._init_vllm)
+    assert "LLM(" in source and "dtype=" not in source
+    assert vllm_generation.LLM.__name__ == "LLM"
+
+
+@pytest.mark.parametrize(
+    ("model_init_kwargs", "engine_dtype"),
+    [
+        ({"dtype": "float32"}, "float32"),
+        ({"dtype": torch.bfloat16}, "bfloat16"),
+        ({}, None),
+        ({"dtype": "auto"}, None),
+    ],
+)
+def test_the_colocated_engine_is_built_in_the_policys_dtype(model_init_kwargs, engine_dtype):
+    require_vllm()  # TRL's vLLM module defines `LLM` only with vLLM installed
+    from trl.generation import vllm_generation
+
+    from agentic_grpo.vllm_backend import engine_in_policy_dtype
+
+    args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", model_init_kwargs=model_init_kwargs)
+    engine = vllm_generation.LLM
+    with engine_in_policy_dtype(args, "some/model"):
+        built = vllm_generation.LLM
+    assert vllm_generation.LLM is engine  # restored
+    assert (built.keywords["dtype"] if built is not engine else None) == engine_dtype
+    with engine_in_policy_dtype(args, torch.nn.Linear(2, 2, dtype=torch.float64)):
+        assert vllm_generation.LLM.keywords["dtype"] == "float64"  # a model object: its own weights decide
+    with engine_in_policy_dtype(SimpleNamespace(**{**vars(args), "vllm_mode": "server"}), "some/model"):
+        assert vllm_generation.LLM is engine  # a server's dtype is its own command line's

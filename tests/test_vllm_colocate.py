@@ -43,9 +43,11 @@ def vllm_models(tmp_path_factory) -> dict[str, str]:
 
 
 def run(models: dict[str, str], tmp_path: Path, **options: Any) -> dict[str, Any]:
+    """`dtype`: the policy's; `checkpoint`: the dtype the checkpoint was saved in (default: the policy's)."""
     dtype = options.setdefault("dtype", "float32")
+    checkpoint = models[options.pop("checkpoint", dtype)]
     out = tmp_path / "out"
-    result = run_python(ROOT / "tests" / "vllm_colocate_run.py", models[dtype], out, json.dumps(options),
+    result = run_python(ROOT / "tests" / "vllm_colocate_run.py", checkpoint, out, json.dumps(options),
                         timeout=900, **ENGINE_ENV)  # fmt: skip
     assert (out / "result.json").is_file(), result.stdout[-3000:] + result.stderr[-6000:]
     return json.loads((out / "result.json").read_text())
@@ -86,8 +88,10 @@ def check_rollout_is_what_the_engine_sampled(record: dict[str, Any]) -> None:
 
 
 def test_fp32_steps_train_on_exactly_what_vllm_sampled_with_one_sync_per_rollout(vllm_models, tmp_path):
-    record = run(vllm_models, tmp_path, steps=3)
+    # The demo's layout: a checkpoint saved in bf16, a policy trained in fp32 (TRL's default dtype).
+    record = run(vllm_models, tmp_path, steps=3, checkpoint="bfloat16")
     assert record["error"] is None, record.get("traceback")
+    assert record["dtype"] == record["engine_dtype"] == "torch.float32"  # the engine samples the policy's dtype
     # TRL syncs before each rollout whose optimizer step is new: 3 steps, 3 syncs, every tensor once each.
     assert record["syncs"] == [0, 1, 2]
     assert record["loaded_tensors"] == 3 * record["weights"]
@@ -102,7 +106,7 @@ def test_fp32_steps_train_on_exactly_what_vllm_sampled_with_one_sync_per_rollout
 def test_bf16_lora_syncs_the_merged_adapter_without_writing_the_base(vllm_models, tmp_path):
     record = run(vllm_models, tmp_path, dtype="bfloat16", lora=True, steps=3, learning_rate=1e-2)
     assert record["error"] is None, record.get("traceback")
-    assert record["dtype"] == "torch.bfloat16"
+    assert record["dtype"] == record["engine_dtype"] == "torch.bfloat16"
     assert record["syncs"] == [0, 1, 2]
     assert record["loaded_tensors"] == 3 * record["weights"]
     check_rollout_is_what_the_engine_sampled(record)

@@ -1,7 +1,8 @@
 """Weight syncs to a colocated vLLM engine: one per rollout however many turns, and the policy's base weights never
 written by them.
 
-vLLM cannot run here (no CUDA), so its engine (`LLM`) and `SamplingParams` stand in: `SleepingEngine` sleeps, wakes,
+The real engine runs in `tests/test_vllm_colocate.py` (the vllm lane, a minute or more per engine start); here, so
+that these checks run in the default lane, a stand-in for its `LLM` and `SamplingParams`: `SleepingEngine` sleeps, wakes,
 loads weights and answers `generate` as the engine does for TRL. Everything above it is TRL's own
 `VLLMGeneration` (its `generate`, `sync_weights`, its sleep-mode bookkeeping), built without `__init__` (which
 would start the engine), with our backend on top.
@@ -31,7 +32,8 @@ class SleepingEngine:
         self.events: list[tuple] = []
         runner = SimpleNamespace(model=SimpleNamespace(load_weights=self.load_weights))
         self.llm_engine = SimpleNamespace(
-            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner)),
+            vllm_config=SimpleNamespace(device_config=SimpleNamespace(device_type="cuda")),  # sleep mode: CUDA's
         )
 
     def sleep(self, level: int) -> None:

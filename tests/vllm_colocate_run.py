@@ -156,6 +156,7 @@ def main(model_dir: str, out: str, options: dict[str, Any]) -> None:
         else []
     )
     record["dtype"] = str(next(trainer.model.parameters()).dtype)
+    record["engine_dtype"] = str(trainer.vllm_generation.llm.llm_engine.model_config.dtype)
     Path(out, "result.json").write_text(json.dumps(record))
 
 
