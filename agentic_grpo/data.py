@@ -59,11 +59,12 @@ def _shared_secret() -> int:
     return seed
 
 
-def with_training_seed(spec: Any, resume_dir: str | Path | None = None) -> Any:
+def with_training_seed(spec: Any, resume_from: str | Path | None = None) -> Any:
     """`spec` with `train_seed` decided, for generated data whose recipe does not set it; other specs as given.
 
-    Resuming (`resume_dir`: the run's output_dir) reuses the seed its `run.json` recorded (a run that recorded
-    none drew its training rows with `seed`); otherwise the seed is a fresh secret, shared by all processes.
+    Resuming (`resume_from`: the checkpoint, or the run's output_dir) reuses the seed the interrupted run recorded:
+    in the checkpoint, else in the `run.json` of the run it belongs to. Where none is found, resuming is refused: it
+    would train on other rows. Otherwise the seed is a fresh secret, shared by all processes.
     """
     if not isinstance(spec, dict) or spec.get("train_seed") is not None:
         return spec
@@ -72,13 +73,16 @@ def with_training_seed(spec: Any, resume_dir: str | Path | None = None) -> Any:
             return spec
         if _seed_parameter(import_object(spec["generator"], what="dataset generator")) is None:
             return spec  # a generator without a seed draws what it draws
-    seed = None
-    if resume_dir is not None:
-        path = Path(resume_dir) / "run.json"
-        recorded = json.loads(path.read_text()).get("dataset") if path.is_file() else None
-        seed = recorded.get("train_seed") if isinstance(recorded, dict) else None
-        seed = _test_seed(spec) if seed is None else seed
-    return {**spec, "train_seed": _shared_secret() if seed is None else int(seed)}
+    if resume_from is None:
+        return {**spec, "train_seed": _shared_secret()}
+    seed = recorded_training_seed(resume_from)
+    if seed is None:
+        raise ValueError(
+            f"resuming from `{resume_from}`, but neither it nor its run's directory records the training seed "
+            "(run.json: dataset.train_seed), so the resumed run would train on other rows: resume from a checkpoint "
+            "inside the interrupted run's output_dir, or set `dataset.train_seed` to the interrupted run's seed"
+        )
+    return {**spec, "train_seed": seed}
 
 
 def recorded_training_seed(model_path: str | Path) -> int | None:

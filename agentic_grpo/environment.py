@@ -23,6 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any, ClassVar
 
+from agentic_grpo.tool_output import captured_output
 from agentic_grpo.trajectory import ToolCall, ToolResult
 
 _RESERVED = {"reset", "close", "execute", "tools", "tool_schemas", "wait_idle", "pay", "state_hash", "take_payments"}
@@ -120,10 +121,12 @@ class ToolEnvironment:
         outcome: dict[str, Any] = {}
 
         def run() -> None:
-            try:
-                outcome["value"] = getattr(self, call.name)(**call.arguments)
-            except Exception as exc:  # noqa: BLE001 - a tool's exception is an observation, not a crash
-                outcome["error"] = f"{type(exc).__name__}: {exc}"
+            with captured_output() as printed:  # a tool's own printing: kept off the console, bounded
+                try:
+                    outcome["value"] = getattr(self, call.name)(**call.arguments)
+                except Exception as exc:  # noqa: BLE001 - a tool's exception is an observation, not a crash
+                    outcome["error"] = f"{type(exc).__name__}: {exc}"
+            outcome["printed"] = printed.text()
 
         # A daemon thread, because a pure tool that hangs cannot be killed from Python; code
         # that could hang for real runs in the sandbox, whose timeout kills the process tree.
@@ -143,12 +146,16 @@ class ToolEnvironment:
                 seconds=time.perf_counter() - start,
             )
         if "error" in outcome:
-            return _failed(f"Error: {outcome['error']}", start)
+            failed = _failed(f"Error: {outcome['error']}", start)
+            failed.printed = outcome.get("printed", "")
+            return failed
         value = outcome.get("value")
         if isinstance(value, ToolResult):
             value.seconds = value.seconds or time.perf_counter() - start
+            value.printed = value.printed or outcome.get("printed", "")
             return value
-        return ToolResult(output="" if value is None else str(value), seconds=time.perf_counter() - start)
+        return ToolResult(output="" if value is None else str(value), seconds=time.perf_counter() - start,
+                          printed=outcome.get("printed", ""))  # fmt: skip
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for calls still running (past their guard); True once none is."""

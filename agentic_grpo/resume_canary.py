@@ -7,6 +7,9 @@ checkpoint computes the same three at its first generation and stops when one di
 not loaded, a data loader that skipped the wrong number of batches, a generator that was not restored). It
 records the outcome in `run.json` under `resume_canary`. A checkpoint whose next step was never taken (the
 run was stopped right after saving it) is checked for its weights only, and says so.
+
+Each checkpoint also carries the run's data spec (`run.json`: `dataset`, with the training seed drawn for the run),
+so that a resume from it draws the same rows wherever its output goes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from agentic_grpo.canaries import CanaryError
 from agentic_grpo.run_files import write_run_status
+from agentic_grpo.trainer_checks import check_resume_between_cycles
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
@@ -70,12 +74,20 @@ class ResumeCanary:
             record = {"step": self.state.global_step, "weights": weights_fingerprint(self.model)}
             self._canary_file(checkpoint).write_text(json.dumps(record, indent=2))
             self._to_record = checkpoint
+            run = Path(self.args.output_dir) / "run.json"
+            if self.accelerator.is_main_process and run.is_file():
+                # The data the run trained on (its training seed) travels with the checkpoint: a resume into
+                # another output_dir reads it here (`agentic_grpo.data.with_training_seed`).
+                dataset = json.loads(run.read_text()).get("dataset")
+                (Path(checkpoint) / "run.json").write_text(json.dumps({"dataset": dataset}, indent=2))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         if resume_from_checkpoint is True:
             from transformers.trainer_utils import get_last_checkpoint
 
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        if resume_from_checkpoint:
+            check_resume_between_cycles(self.args, resume_from_checkpoint)
         self._resumed_from = resume_from_checkpoint or None
         return super().train(resume_from_checkpoint, *args, **kwargs)
 

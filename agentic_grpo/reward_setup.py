@@ -14,7 +14,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from agentic_grpo.plugins import PluginError, check_options, import_object
+from agentic_grpo.reward_values import checking_values
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +95,31 @@ def check_reward_columns(rewards: list[Callable], columns: list[str], where: str
 
 
 def guard_rewards(rewards: list[Callable], on_reward_error: str) -> list[Callable]:
-    """The rewards as the recipe field `on_reward_error` wants them: unchanged for `raise`, each returning
-    None for a batch it raises on for `none`. Guarding twice changes nothing (the CLI and the trainer both call it)."""
-    if on_reward_error == "raise":
-        return list(rewards)
-    return [r if getattr(r, "none_on_error", False) else returning_none_on_error(r) for r in rewards]
+    """The rewards, each with its values checked (`agentic_grpo.reward_values`), as the recipe field
+    `on_reward_error` wants them: raising for `raise`, each returning None for a batch it raises on (a bad value
+    included) for `none`. Guarding twice changes nothing (the CLI and the trainer both call it)."""
+    guarded = []
+    for reward in rewards:
+        if getattr(reward, "none_on_error", False) or isinstance(reward, str | torch.nn.Module):
+            guarded.append(reward)  # guarded already, or a reward model TRL scores itself
+        elif on_reward_error == "raise":
+            guarded.append(checking_values(reward))
+        else:
+            guarded.append(returning_none_on_error(checking_values(reward)))
+    return guarded
+
+
+def check_reward_values_present(rewards: list[Callable], rows: Any, where: str) -> None:
+    """Fail at start-up, naming the reward, the column and the row, when a row has no value (None) in a column a
+    reward needs: the reward would score against a gold answer of None."""
+    for func in rewards:
+        for column in required_columns(func):
+            empty = [i for i, value in enumerate(rows[column]) if value is None]
+            if empty:
+                raise ValueError(
+                    f"reward `{func.__name__}` needs column `{column}`, which is empty in {len(empty)} row(s) of the "
+                    f"{where} (the first: row {empty[0]}): fill them, or drop those rows"
+                )
 
 
 def returning_none_on_error(func: Callable) -> Callable:

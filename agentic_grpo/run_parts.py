@@ -50,7 +50,12 @@ def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dic
     """
     from agentic_grpo.config import read_recipe
     from agentic_grpo.data import check_columns, load_task_data, with_training_seed
-    from agentic_grpo.reward_setup import build_rewards, check_reward_columns, guard_rewards
+    from agentic_grpo.reward_setup import (
+        build_rewards,
+        check_reward_columns,
+        check_reward_values_present,
+        guard_rewards,
+    )
 
     recipe, config, model_config = read_recipe(argv)
     parts = build_rollout_parts(config)
@@ -61,13 +66,16 @@ def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dic
     built = BuiltRecipe(recipe, config, model_config, parts, guard_rewards(rewards, config.on_reward_error))
     if load_data:
         # The training seed is decided here, once, so the run can record it (run.json) and a resume reuse it.
-        resuming = config.output_dir if getattr(config, "resume_from_checkpoint", None) else None
-        recipe.dataset = with_training_seed(recipe.dataset, resuming)
+        resume = getattr(config, "resume_from_checkpoint", None)
+        if isinstance(resume, str) and resume.lower() in ("last", "true"):
+            resume = config.output_dir
+        recipe.dataset = with_training_seed(recipe.dataset, resume or None)
         built.train, built.test = load_task_data(recipe.dataset)
         for where, rows in (("training data", built.train), ("test data", built.test)):
             if rows is not None:
                 check_columns(rows, ["question"], where)
                 check_reward_columns(rewards, rows.column_names, where)
+                check_reward_values_present(rewards, rows, where)
     return built
 
 

@@ -8,6 +8,7 @@ with one message and leaves nothing behind that looks like a run.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -280,6 +281,7 @@ def check_no_deepspeed_without_cuda(deepspeed: bool) -> None:
 def check_scaling(config: Any) -> None:
     """Refuse launch set-ups that cannot work, before anything is written (one message each)."""
     from agentic_grpo.kl_control import schedule_for
+    from agentic_grpo.trainer_checks import check_resume_between_cycles
 
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
         raise ValueError(
@@ -313,6 +315,8 @@ def check_scaling(config: Any) -> None:
             f"--resume_from_checkpoint `{resume}` is not a checkpoint ({hint}): give a `checkpoint-N` directory "
             "from a run's output_dir, or `last` for the newest one in output_dir"
         )
+    if resume:
+        check_resume_between_cycles(config, resume)
     if "wandb" in (config.report_to or []):
         if importlib.util.find_spec("wandb") is None:
             raise ValueError(
@@ -377,8 +381,9 @@ def summary(output_dir: Path, rewards: list | None = None) -> str:
             )
     for func in rewards or []:
         reports = (
-            getattr(getattr(func, "__wrapped__", func), "run_summary", None),
+            getattr(inspect.unwrap(func), "run_summary", None),
             getattr(func, "error_summary", None),
+            getattr(func, "scoring_summary", None),
         )
         for report in reports:
             line = report() if callable(report) else None

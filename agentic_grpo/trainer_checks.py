@@ -4,6 +4,7 @@ train on wrong numbers, or crash at the first backward."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ def check_trainer_setup(
 ) -> None:
     """Refuse set-ups that would train on wrong numbers or crash, whoever builds the trainer (CLI or user code);
     `agents`: the recipe's sub-agents, the whole tree; `peft`: the policy is a LoRA adapter."""
+    check_saves_between_cycles(args)
     trained = [agent.name for agent in agents if getattr(agent, "train", False)]
     if trained and args.world_size > 1:
         # Each role's forward and the policy's go through one DDP-wrapped model before one backward, and DDP
@@ -96,6 +98,53 @@ def check_trainer_setup(
                 f"the {args.world_size} processes holds {per_process} samples ({held_by}), which splits some "
                 f"groups across processes: make that a multiple of {group_field}"
             )
+
+
+def generation_cycle(args: Any) -> int:
+    """Optimizer steps from one generation's first step to the next generation's (the cycle's length): TRL trains
+    on each generated batch over `steps_per_generation x num_iterations` micro-steps."""
+    micro_steps = args.steps_per_generation * getattr(args, "num_iterations", 1)
+    per_step = getattr(args, "gradient_accumulation_steps", 1)
+    return math.lcm(micro_steps, per_step) // per_step
+
+
+INSIDE_A_CYCLE = (
+    "TRL does not save the generated batch that the rest of a cycle trains on, so a run resumed inside one would "
+    "generate another and not continue exactly"
+)
+
+
+def check_saves_between_cycles(args: Any) -> None:
+    """Refuse a save schedule with checkpoints inside a generation cycle (see `INSIDE_A_CYCLE`)."""
+    cycle = generation_cycle(args)
+    strategy = getattr(args, "save_strategy", "no")
+    if cycle == 1 or getattr(strategy, "value", strategy) != "steps":
+        return
+    every = (
+        args.save_steps if args.save_steps >= 1 or args.max_steps <= 0 else math.ceil(args.max_steps * args.save_steps)
+    )
+    if int(every) % cycle:
+        raise ValueError(
+            f"`save_steps` {args.save_steps} puts checkpoints inside generation cycles: a cycle, from one generation "
+            f"to the next, spans {cycle} optimizer steps (steps_per_generation {args.steps_per_generation} x "
+            f"num_iterations {args.num_iterations} micro-steps, gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps} a step), and "
+            f"{INSIDE_A_CYCLE}: make save_steps a multiple of {cycle}"
+        )
+
+
+def check_resume_between_cycles(args: Any, checkpoint: str | Path) -> None:
+    """Refuse to resume from a checkpoint saved inside a generation cycle (see `INSIDE_A_CYCLE`)."""
+    cycle = generation_cycle(args)
+    state = Path(checkpoint) / "trainer_state.json"
+    if cycle == 1 or not state.is_file():
+        return
+    step = json.loads(state.read_text())["global_step"]
+    if step % cycle:
+        raise ValueError(
+            f"`{checkpoint}` was saved at step {step}, inside a generation cycle of {cycle} optimizer steps, and "
+            f"{INSIDE_A_CYCLE}: resume from a checkpoint at a multiple of {cycle} steps"
+        )
 
 
 def check_sleep_mode_available() -> None:

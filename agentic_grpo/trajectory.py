@@ -36,6 +36,7 @@ class ToolResult:
     truncated: bool = False
     seconds: float = 0.0
     exit_code: int | None = None
+    printed: str = ""  # what a pure tool's own code printed, bounded (`agentic_grpo.tool_output`); not shown
 
     @property
     def ok(self) -> bool:

@@ -49,8 +49,14 @@ def test_a_resumed_run_reuses_the_recorded_seed_and_other_specs_are_left_alone(t
     assert isinstance(drawn["train_seed"], int) and with_training_seed(MULTIPLY)["train_seed"] != drawn["train_seed"]
     (tmp_path / "run.json").write_text(json.dumps({"status": "running", "dataset": {**MULTIPLY, "train_seed": 42}}))
     assert with_training_seed(MULTIPLY, tmp_path)["train_seed"] == 42
-    (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))  # a run from before train_seed existed
-    assert with_training_seed(MULTIPLY, tmp_path)["train_seed"] == 0
+    checkpoint = tmp_path / "checkpoint-3"  # a checkpoint given by its path: its run's record
+    checkpoint.mkdir()
+    assert with_training_seed(MULTIPLY, checkpoint)["train_seed"] == 42
+    (checkpoint / "run.json").write_text(json.dumps({"dataset": {**MULTIPLY, "train_seed": 7}}))  # its own, first
+    assert with_training_seed(MULTIPLY, checkpoint)["train_seed"] == 7
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))  # no seed recorded: refused
+    with pytest.raises(ValueError, match="would train on other rows"):
+        with_training_seed(MULTIPLY, tmp_path)
     assert with_training_seed({**MULTIPLY, "train_seed": 3})["train_seed"] == 3
     files = {"path": "json", "data_files": "rows.jsonl"}
     assert with_training_seed(files) == files

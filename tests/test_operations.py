@@ -72,35 +72,60 @@ def reference(recipe, tmp_path_factory) -> Path:
 # --- exact resume -------------------------------------------------------------------------
 
 
-def test_resume_after_kill_9_continues_exactly_like_an_uninterrupted_run(recipe, reference, tmp_path):
-    out = tmp_path / "out"
+def kill_and_resume(recipe: Path, reference: Path, out: Path, kill_after: int, steps: int) -> None:
+    """Start the run, kill -9 it once checkpoint `kill_after` exists (mid-step next), resume with `last`, and check
+    that every step after the checkpoint sampled the reference's tokens and logged its numbers."""
     process = subprocess.Popen(  # killed mid-run, so not `run`
         [sys.executable, *command("--config", str(recipe), "--output_dir", str(out))], cwd=ROOT, env=environment(),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        while not (out / "checkpoint-1").exists():  # appears complete: checkpoints are renamed into place
-            assert process.poll() is None, "training ended before its first checkpoint"
+        while not (out / f"checkpoint-{kill_after}").exists():  # appears complete: renamed into place
+            assert process.poll() is None, f"training ended before checkpoint {kill_after}"
             time.sleep(0.05)
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # mid-step 2: its rollouts are running
+        os.killpg(process.pid, signal.SIGKILL)  # mid-step: its rollouts are running
         process.wait()
     last = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
-    assert last < 3, "the run finished before it was killed"
+    assert last < steps, "the run finished before it was killed"
 
     result = run("--config", str(recipe), "--output_dir", str(out), "--resume_from_checkpoint", "last")
     assert result.returncode == 0, result.stderr[-3000:]
 
-    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
-    assert state["global_step"] == 3
+    state = json.loads((out / f"checkpoint-{steps}" / "trainer_state.json").read_text())
+    assert state["global_step"] == steps
     canary = json.loads((out / "run.json").read_text())["resume_canary"]  # checked at the resumed first step
     assert canary["weights"] == "as the interrupted run", canary
     expected, resumed = metrics(reference), metrics(out)
-    for step in range(last + 1, 4):
+    for step in range(last + 1, steps + 1):
         assert sampled_tokens(out, step) == sampled_tokens(reference, step), f"step {step} sampled other tokens"
         for name in COMPARED:
             assert resumed[step][name] == pytest.approx(expected[step][name], rel=1e-5, abs=1e-8), (step, name)
     assert expected[last + 1]["grad_norm"] > 0 and expected[last + 1]["reward_std"] > 0  # not a vacuous 0 == 0
+
+
+def test_resume_after_kill_9_continues_exactly_like_an_uninterrupted_run(recipe, reference, tmp_path):
+    kill_and_resume(recipe, reference, tmp_path / "out", kill_after=1, steps=3)
+
+
+@pytest.fixture(scope="module")
+def short_epochs(tmp_path_factory) -> tuple[Path, Path]:
+    """The CI recipe on 3 training rows, one a step: each epoch is 3 steps, drawn in its own order. Its recipe and
+    an uninterrupted 5-step run of it."""
+    recipe = yaml.safe_load((ROOT / "recipes" / "ci_tiny.yaml").read_text())
+    recipe["dataset"]["num_train"] = 3
+    recipe.update(max_steps=5, save_steps=1, max_turns=2, max_tokens_per_turn=12, max_completion_length=48,
+                  learning_rate=5e-3, rewards=[{"type": "tests.varied_rewards:distinct_characters"}])  # fmt: skip
+    root = tmp_path_factory.mktemp("short-epochs")
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    result = run("--config", str(root / "recipe.yaml"), "--output_dir", str(root / "reference"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "recipe.yaml", root / "reference"
+
+
+def test_resume_after_kill_9_at_an_epoch_end_continues_exactly(short_epochs, tmp_path):
+    recipe, reference = short_epochs
+    kill_and_resume(recipe, reference, tmp_path / "out", kill_after=3, steps=5)
 
 
 FAIL_SECOND_SAVE = """

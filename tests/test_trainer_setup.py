@@ -283,3 +283,30 @@ def test_group_scoring_rewards_are_still_refused_when_guarded_by_on_reward_error
                             use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1)  # fmt: skip
     with pytest.raises(ValueError, match=r"\['group_judge'\] score each query's 4 samples together"):
         check_trainer_setup(split, guard_rewards([judge()], "none"))
+
+
+def test_checkpoints_inside_a_generation_cycle_are_refused_at_start_up_and_at_resume(tmp_path):
+    """A cycle of 2 optimizer steps (one generation trained on over 4 micro-steps, 2 to a step): a checkpoint
+    after step 3 would hold half a cycle whose generated batch TRL does not save."""
+    from agentic_grpo.trainer_checks import check_resume_between_cycles, generation_cycle
+
+    cycle = dict(gradient_accumulation_steps=2, steps_per_generation=4, num_iterations=1, max_steps=10)
+    layout = dict(per_device_train_batch_size=8, num_generations=4, world_size=1, use_vllm=False, **cycle)
+    assert generation_cycle(SimpleNamespace(**layout)) == 2
+    assert generation_cycle(SimpleNamespace(**{**layout, "steps_per_generation": 3})) == 3  # 6 micro-steps: lcm
+    assert generation_cycle(SimpleNamespace(**{**layout, "steps_per_generation": 2, "num_iterations": 2})) == 2
+    with pytest.raises(ValueError, match="`save_steps` 3 puts checkpoints inside generation cycles.*multiple of 2"):
+        check_trainer_setup(SimpleNamespace(**layout, save_strategy="steps", save_steps=3), [exact])
+    with pytest.raises(ValueError, match="`save_steps` 0.1 puts checkpoints"):  # a ratio: every 1 of 10 steps
+        check_trainer_setup(SimpleNamespace(**layout, save_strategy="steps", save_steps=0.1), [exact])
+    check_trainer_setup(SimpleNamespace(**layout, save_strategy="steps", save_steps=4), [exact])
+    check_trainer_setup(SimpleNamespace(**layout, save_strategy="epoch", save_steps=3), [exact])  # epochs end cycles
+    real = config(tmp_path, save_strategy="steps", save_steps=3, gradient_accumulation_steps=1, steps_per_generation=2)
+    with pytest.raises(ValueError, match="puts checkpoints inside generation cycles"):  # the TrainingArguments enum
+        check_trainer_setup(real, [exact])
+    for step in (3, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    with pytest.raises(ValueError, match="saved at step 3, inside a generation cycle of 2 optimizer steps"):
+        check_resume_between_cycles(SimpleNamespace(**layout), tmp_path / "checkpoint-3")
+    check_resume_between_cycles(SimpleNamespace(**layout), tmp_path / "checkpoint-4")
