@@ -68,7 +68,7 @@ from agentic_grpo.subagents.usage import subagent_metrics
 from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_trainer_setup
 from agentic_grpo.trajectory import Trajectory
-from agentic_grpo.vllm_backend import VLLMBackend, engine_in_policy_dtype
+from agentic_grpo.vllm_backend import VLLMBackend, engine_as_the_policy
 from agentic_grpo.vllm_server import install_server_generation, trl_without_weight_transfer
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
@@ -155,7 +155,7 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         if self.experiments.spread_first_action and slot is None:
             raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
         # vLLM: the colocated engine in the policy's dtype; in server mode with LoRA, no NCCL weight transfer.
-        with engine_in_policy_dtype(args, model), trl_without_weight_transfer(args, lora):
+        with engine_as_the_policy(args, model), trl_without_weight_transfer(args, lora):
             super().__init__(
                 model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                 rollout_func=self._rollout, **kwargs,

@@ -13,9 +13,10 @@ at its end. For a LoRA policy, the weights vLLM receives are each base weight pl
 into a new tensor (`merged_parameters`): TRL merges the adapter into the base weights and unmerges it in place,
 which in bf16 leaves rounding behind in the base (the reference model of the KL term) at every sync.
 
-The colocated engine samples in the dtype the policy trains in (`engine_in_policy_dtype`). TRL builds it at the
-checkpoint's own dtype, so a policy in TRL's default float32 is sampled in bfloat16 wherever the checkpoint says
-bfloat16: a sampler that is not the policy, and, on a CPU without bfloat16 units, an emulated one.
+The colocated engine samples in the dtype the policy trains in, from the run's seed (`engine_as_the_policy`).
+TRL builds it in the checkpoint's own dtype, so a policy in TRL's default float32 is sampled in bfloat16 wherever
+the checkpoint says bfloat16: a sampler that is not the policy, and, on a CPU without bfloat16 units, an emulated
+one. And TRL seeds it with the process's index alone, so that runs of every seed sample alike.
 
 Token ids in, token ids out, as for the HF backends: vLLM takes `prompt_token_ids`.
 
@@ -60,17 +61,23 @@ def policy_dtype(model: Any, args: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def engine_in_policy_dtype(args: Any, model: Any) -> Iterator[None]:
-    """Around TRL's `GRPOTrainer.__init__` in colocate mode: the `LLM` TRL builds gets `dtype=` the policy's
-    (a private seam: TRL passes no dtype; see `PRIVATE_SEAMS`)."""
-    dtype = policy_dtype(model, args)
-    if not (args.use_vllm and args.vllm_mode == "colocate" and dtype):
+def engine_as_the_policy(args: Any, model: Any) -> Iterator[None]:
+    """Around TRL's `GRPOTrainer.__init__` in colocate mode: the `LLM` TRL builds samples in the policy's dtype and
+    from the run's seed (a private seam: see the module and `tests/test_trl_seams.py`)."""
+    if not (args.use_vllm and args.vllm_mode == "colocate"):
         yield
         return
     from trl.generation import vllm_generation
 
-    engine = vllm_generation.LLM
-    vllm_generation.LLM = functools.partial(engine, dtype=dtype)
+    dtype, engine = policy_dtype(model, args), vllm_generation.LLM
+
+    def build(*positional: Any, **kwargs: Any) -> Any:
+        # TRL seeds every run's engine alike (the process's tensor-parallel group index, the same within a group);
+        # the run's seed is added, so that runs of other seeds sample other trajectories.
+        kwargs["seed"] = int(getattr(args, "seed", 0)) * getattr(args, "world_size", 1) + kwargs.get("seed", 0)
+        return engine(*positional, **kwargs, **({"dtype": dtype} if dtype else {}))
+
+    vllm_generation.LLM = build
     try:
         yield
     finally:

@@ -192,12 +192,12 @@ def vllm_backend(model: Any, tokenizer: Any, built: Any, sequences: int) -> Any:
     from accelerate import Accelerator
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from agentic_grpo.vllm_backend import VLLMBackend, engine_in_policy_dtype
+    from agentic_grpo.vllm_backend import VLLMBackend, engine_as_the_policy
 
     config = built.config
     _, eos_ids = sampling(model, tokenizer, config)
     colocated = SimpleNamespace(use_vllm=True, vllm_mode="colocate")
-    with engine_in_policy_dtype(colocated, model):
+    with engine_as_the_policy(colocated, model):
         engine = VLLMGeneration(
             model=model, accelerator=Accelerator(), processing_class=tokenizer, mode="colocate",
             gpu_memory_utilization=config.vllm_gpu_memory_utilization, max_model_length=config.vllm_max_model_length,

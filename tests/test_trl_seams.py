@@ -75,13 +75,13 @@ def test_every_private_method_the_trainer_overrides_is_in_the_table():
 
 
 def test_trl_builds_the_colocated_engine_with_no_dtype_of_its_own():
-    """`vllm_backend.engine_in_policy_dtype` hands TRL's `LLM(...)` the policy's dtype by a keyword TRL does not
-    pass; were TRL to pass one, its own would silently win."""
+    """`vllm_backend.engine_as_the_policy` hands TRL's `LLM(...)` the policy's dtype by a keyword TRL does not
+    pass (were TRL to pass one, the call would fail on the keyword twice), and adds the run's seed to TRL's."""
     require_vllm()  # TRL's vLLM module defines `LLM` only with vLLM installed
     from trl.generation import vllm_generation
 
     source = inspect.getsource(vllm_generation.VLLMGeneration._init_vllm)
-    assert "LLM(" in source and "dtype=" not in source
+    assert "LLM(" in source and "dtype=" not in source and "seed=accelerator.process_index" in source
     assert vllm_generation.LLM.__name__ == "LLM"
 
 
@@ -94,19 +94,25 @@ def test_trl_builds_the_colocated_engine_with_no_dtype_of_its_own():
         ({"dtype": "auto"}, None),
     ],
 )
-def test_the_colocated_engine_is_built_in_the_policys_dtype(model_init_kwargs, engine_dtype):
+def test_the_colocated_engine_is_built_in_the_policys_dtype_from_the_runs_seed(
+    monkeypatch, model_init_kwargs, engine_dtype
+):
     require_vllm()  # TRL's vLLM module defines `LLM` only with vLLM installed
     from trl.generation import vllm_generation
 
-    from agentic_grpo.vllm_backend import engine_in_policy_dtype
+    from agentic_grpo.vllm_backend import engine_as_the_policy
 
-    args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", model_init_kwargs=model_init_kwargs)
+    built: list[dict] = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda **kwargs: built.append(kwargs))
     engine = vllm_generation.LLM
-    with engine_in_policy_dtype(args, "some/model"):
-        built = vllm_generation.LLM
+    args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", model_init_kwargs=model_init_kwargs, seed=3,
+                           world_size=2)  # fmt: skip
+    with engine_as_the_policy(args, "some/model"):
+        vllm_generation.LLM(model="some/model", seed=1)  # as TRL builds it on process 1
     assert vllm_generation.LLM is engine  # restored
-    assert (built.keywords["dtype"] if built is not engine else None) == engine_dtype
-    with engine_in_policy_dtype(args, torch.nn.Linear(2, 2, dtype=torch.float64)):
-        assert vllm_generation.LLM.keywords["dtype"] == "float64"  # a model object: its own weights decide
-    with engine_in_policy_dtype(SimpleNamespace(**{**vars(args), "vllm_mode": "server"}), "some/model"):
-        assert vllm_generation.LLM is engine  # a server's dtype is its own command line's
+    assert built == [{"model": "some/model", "seed": 3 * 2 + 1, **({"dtype": engine_dtype} if engine_dtype else {})}]
+    with engine_as_the_policy(args, torch.nn.Linear(2, 2, dtype=torch.float64)):
+        vllm_generation.LLM(model="some/model", seed=0)
+    assert built[-1]["dtype"] == "float64"  # a model object: its own weights decide
+    with engine_as_the_policy(SimpleNamespace(**{**vars(args), "vllm_mode": "server"}), "some/model"):
+        assert vllm_generation.LLM is engine  # a server's dtype and seed are its own command line's
