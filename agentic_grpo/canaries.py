@@ -9,8 +9,11 @@ checks make them loud:
 - **Sampler-trainer agreement, every training step** (`logprob_agreement`): each sampled token's log-prob as
   the sampler computed it against the trainer's for the same token (both at their temperatures, and under vLLM
   after the same top-k/top-p/min-p; dropout off), on a few rows the trainer reads for it (`rows_to_read`) or on all where TRL read them anyway. Logged
-  as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over `canary_logprob_limit` stops the run,
-  naming the likely causes.
+  as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over the limit stops the run, naming the likely
+  causes. The limit is `canary_logprob_limit` where a recipe sets it, else calibrated by precision
+  (`canary_limit`): where sampler and trainer both compute in fp32 an honest gap is rounding, and a realistic bug
+  (dropout left on at 0.05, the adapter off in the sampler, a temperature off by 0.1) is hundreds of times larger;
+  in bf16 or fp16 the honest gap alone reaches a few hundredths.
 - **Token round-trip, at start-up** (`agentic_grpo.token_round_trip`).
 - **Resume, at the first step of a resumed run** (`agentic_grpo.resume_canary`).
 """
@@ -29,6 +32,30 @@ from agentic_grpo.sampling_distribution import filters_of, processed_token_logpr
 
 TOKEN_LIMIT = 0.5
 """Nats: a token whose sampler and trainer log-probs differ by more counts in `share_over_0.5`."""
+
+FULL_PRECISION_LIMIT = 1e-3
+HALF_PRECISION_LIMIT = 0.1
+"""Nats per token: the default limits where sampler and trainer both compute in fp32, and where either computes in
+bf16 or fp16. Calibrated from honest runs and planted bugs (RESULTS.md, Canaries)."""
+
+
+def canary_limit(trainer: Any) -> float:
+    """The sampler-trainer limit: `canary_logprob_limit` where set (0: off), else `FULL_PRECISION_LIMIT` where the
+    policy's weights and the vLLM engine (if any) are all fp32, else `HALF_PRECISION_LIMIT`. A vLLM server's
+    dtype is not known here: counted as half precision."""
+    if trainer.args.canary_logprob_limit is not None:
+        return trainer.args.canary_logprob_limit
+    cached = getattr(trainer, "_calibrated_canary_limit", None)
+    if cached is not None:
+        return cached
+    dtypes = {parameter.dtype for parameter in trainer.model.parameters()}
+    if getattr(trainer, "use_vllm", False):
+        engine = getattr(getattr(getattr(trainer, "vllm_generation", None), "llm", None), "llm_engine", None)
+        dtypes.add(engine.model_config.dtype if engine is not None else torch.bfloat16)
+    limit = FULL_PRECISION_LIMIT if dtypes <= {torch.float32, torch.float64} else HALF_PRECISION_LIMIT
+    trainer._calibrated_canary_limit = limit
+    return limit
+
 
 LIKELY_CAUSES = (
     "dropout on while sampling or scoring (a module left in train mode)",
@@ -142,16 +169,16 @@ def sampler_disagreement(
         f"{metrics[f'canary/logprob_diff/share_over_{TOKEN_LIMIT}']:.1%} of tokens over {TOKEN_LIMIT}. "
         "Training on these trajectories would follow the gradient of some other policy."
         + (f"\nFound:{named}" if found else "")
-        + f"\nCauses to look for:{causes}{where}\nIf the difference is expected (bf16 on a sharp model, vLLM in "
-        "another precision), raise `canary_logprob_limit`; 0 turns the check off."
+        + f"\nCauses to look for:{causes}{where}\nIf the difference is expected (bf16 on a sharp model, a sampler in "
+        "another precision), set `canary_logprob_limit` above it; 0 turns the check off."
     )
 
 
 def check_sampler_agreement(trainer: Any, output: dict[str, Any], trajectories: Any) -> None:
     """The sampler-trainer check of one training generation (`output`: TRL's batch): the trainer's log-probs of the
     sampled tokens, dropout off as when sampling, against the sampler's; logged as `canary/logprob_diff/*` and
-    `time/canary`; past `canary_logprob_limit` it raises `CanaryError` (`trajectories`: where the step's are)."""
-    limit, sampled = trainer.args.canary_logprob_limit, output.get("sampling_per_token_logps")
+    `time/canary`; past `canary_limit(trainer)` it raises `CanaryError` (`trajectories`: where the step's are)."""
+    limit, sampled = canary_limit(trainer), output.get("sampling_per_token_logps")
     if not limit or sampled is None:
         return
     start = time.perf_counter()

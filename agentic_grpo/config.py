@@ -189,11 +189,12 @@ class AgenticGRPOConfig(GRPOConfig):
     )  # fmt: skip
 
     # --- canaries
-    canary_logprob_limit: float = _field(
-        0.1,
+    canary_logprob_limit: float | None = _field(
+        None,
         "Each training step compares every sampled token's log-prob as the sampler computed it with the "
         "trainer's (`canary/logprob_diff/{mean,max,share_over_0.5}`); a mean difference over this many nats per "
-        "token stops the run, naming the likely causes (agentic_grpo.canaries). 0 turns the check off.",
+        "token stops the run, naming the likely causes (agentic_grpo.canaries). Default: 0.001 where sampler and "
+        "trainer both compute in fp32, 0.1 where either computes in bf16 or fp16. 0 turns the check off.",
     )  # fmt: skip
 
     # --- experiments (agentic_grpo.experimental), out of `--help`
@@ -226,7 +227,7 @@ class AgenticGRPOConfig(GRPOConfig):
             raise ValueError(f"turn_lambda must be >= 0, got {self.turn_lambda}")
         if self.on_reward_error not in ("raise", "none"):
             raise ValueError(f"on_reward_error must be `raise` or `none`, got `{self.on_reward_error}`")
-        if self.canary_logprob_limit < 0:
+        if self.canary_logprob_limit is not None and self.canary_logprob_limit < 0:
             raise ValueError(
                 f"canary_logprob_limit must be >= 0 (0 turns the check off), got {self.canary_logprob_limit}"
             )

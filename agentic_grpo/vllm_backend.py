@@ -92,7 +92,13 @@ class VLLMBackend:
         self.vllm = trainer.vllm_generation
         self.tokenizer = trainer.processing_class
         self.eos_token_ids = list(trainer.eos_token_ids)
-        # No public seam: TRL's sync reads the weights through `_iter_named_params` (see `PRIVATE_SEAMS`).
+        if hasattr(self.vllm, "_iter_named_params"):  # TRL's own engine object (`ServerGeneration` syncs by file)
+            self._wire_weight_sync(trainer)
+
+    def _wire_weight_sync(self, trainer: Any) -> None:
+        """What TRL's sync sends: merged LoRA weights (`merged_parameters`), through vLLM's layer-wise reload on its
+        CPU build (`reloaded_into_kernels`); each sync timed (`time/weight_sync`). No public seam: TRL's sync reads
+        the weights through `_iter_named_params` (see `PRIVATE_SEAMS`)."""
         weights = self.vllm._iter_named_params
         if is_peft_model(getattr(self.vllm, "model", None)):
             # Under FSDP TRL walks the sharded modules its own way; `check_trainer_setup` refuses a LoRA policy

@@ -171,7 +171,7 @@ def test_constrained_arguments_open_each_tools_json_with_its_first_key(tokenizer
 
 
 def test_vllm_backend_refuses_a_constrained_slot():
-    # No GPU here, so no vLLM engine: the refusal comes before the engine is touched.
+    # The refusal comes before the engine is asked for anything: a bare object stands in for it.
     trainer = SimpleNamespace(vllm_generation=object(), processing_class=None, eos_token_ids=[2])
     with pytest.raises(ValueError, match="constrain_actions"):
         VLLMBackend(trainer).generate([[1, 2]], [], 8, choices=CHOICES)

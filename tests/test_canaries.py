@@ -126,3 +126,45 @@ def test_a_cotrained_subagent_sampled_at_its_own_temperature_is_named(tiny_model
     agent.source.temperature = 0.3
     with pytest.raises(CanaryError, match=r"(?s)of sub-agent `helper`.*sampler sampled at temperature 0.3"):
         trainer.generate_and_score(rows * 2)
+
+
+def test_the_default_limit_is_calibrated_by_the_precision_sampler_and_trainer_compute_in():
+    from types import SimpleNamespace
+
+    from agentic_grpo.canaries import FULL_PRECISION_LIMIT, HALF_PRECISION_LIMIT, canary_limit
+
+    def trainer(dtype, use_vllm=False, engine_dtype=None, limit=None):
+        engine = None if engine_dtype is None else SimpleNamespace(model_config=SimpleNamespace(dtype=engine_dtype))
+        return SimpleNamespace(args=SimpleNamespace(canary_logprob_limit=limit), use_vllm=use_vllm,
+                               model=torch.nn.Linear(2, 2, dtype=dtype),
+                               vllm_generation=SimpleNamespace(llm=SimpleNamespace(llm_engine=engine)))  # fmt: skip
+
+    assert canary_limit(trainer(torch.float32)) == FULL_PRECISION_LIMIT
+    assert canary_limit(trainer(torch.bfloat16)) == HALF_PRECISION_LIMIT
+    assert canary_limit(trainer(torch.float32, True, torch.float32)) == FULL_PRECISION_LIMIT
+    assert canary_limit(trainer(torch.float32, True, torch.bfloat16)) == HALF_PRECISION_LIMIT
+    assert canary_limit(trainer(torch.float32, True)) == HALF_PRECISION_LIMIT  # a server: its dtype is unknown
+    assert (
+        canary_limit(trainer(torch.bfloat16, limit=0.5)) == 0.5 and canary_limit(trainer(torch.float32, limit=0)) == 0
+    )
+
+
+def test_dropout_left_on_at_a_realistic_rate_is_caught_by_the_default_limit(tiny_model_dir, tmp_path):
+    """LoRA dropout 0.05 left on while sampling: in fp32 the default limit stops it, which the old fixed 0.1 let
+    through."""
+    trainer = canary_trainer(tiny_model_dir, tmp_path, peft_config=LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05, init_lora_weights=False))  # fmt: skip
+    backend = trainer.generation_backend
+    generating = backend._generating_model
+
+    @contextlib.contextmanager
+    def dropout_back_on():
+        with generating() as model:
+            model.train(True)
+            yield model
+
+    backend._generating_model = dropout_back_on
+    with pytest.raises(CanaryError, match=r"\(limit 0.001\)") as caught:
+        trainer.generate_and_score(rows_for(trainer.trajectory_format))
+    gap = float(str(caught.value).split("differently: ")[1].split(" nats")[0])
+    assert 0.001 < gap < 0.1, gap  # the old fixed limit would have let it through

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from accelerate.utils import DistributedType, gather_object
 
-from agentic_grpo.canaries import CanaryError, likely_causes, logprob_agreement, sampler_disagreement
+from agentic_grpo.canaries import CanaryError, canary_limit, likely_causes, logprob_agreement, sampler_disagreement
 from agentic_grpo.clipped import masked_loss_mask
 from agentic_grpo.subagents.adapters import adapter_active
 from agentic_grpo.subagents.role_loss import ChildSample, completion_tensor, padded, role_loss
@@ -266,7 +266,7 @@ class CoTraining:
         needs_old = trainer.args.gradient_accumulation_steps % generate_every != 0
         if needs_old or trainer.beta != 0.0:
             self._add_logprobs([s for row in samples for s in row], needs_old)
-        if mode == "train" and trainer.args.canary_logprob_limit:
+        if mode == "train" and canary_limit(trainer):
             self._check_sampler_agreement([s for row in samples for s in row])
         return samples
 
@@ -275,7 +275,7 @@ class CoTraining:
         """The sampler-trainer canary (`agentic_grpo.canaries`) for each role's children: the role's log-probs of
         its sampled tokens, under its adapter, against its sampler's. Co-training runs in one process, so the
         figures are this process's."""
-        trainer, limit = self.trainer, self.trainer.args.canary_logprob_limit
+        trainer, limit = self.trainer, canary_limit(self.trainer)
         agents = {agent.name: agent for agent in trainer.rollout_parts.agents}
         for role in self.roles:
             mine = [s for s in samples if s.role == role.name and s.sampling_logps is not None]
