@@ -51,10 +51,14 @@ def planted(trainer: Any, plant: str) -> contextlib.AbstractContextManager:
 
     @contextlib.contextmanager
     def dropout_on(rate: float) -> Iterator[None]:
-        modules = [m for name, m in trainer.model.named_modules() if "lora_dropout" in name and hasattr(m, "p")]
-        saved = [m.p for m in modules]
-        for module in modules:
-            module.p = rate
+        # Each LoRA layer's dropout at `rate` (PEFT holds an Identity where the adapter's own rate is 0).
+        layers = [
+            m for m in trainer.model.modules() if isinstance(getattr(m, "lora_dropout", None), torch.nn.ModuleDict)
+        ]
+        saved = [dict(layer.lora_dropout) for layer in layers]
+        for layer in layers:
+            for adapter in list(layer.lora_dropout):
+                layer.lora_dropout[adapter] = torch.nn.Dropout(rate)
 
         @contextlib.contextmanager
         def left_on(model: Any) -> Iterator[None]:
@@ -65,8 +69,8 @@ def planted(trainer: Any, plant: str) -> contextlib.AbstractContextManager:
             with sampling(left_on):
                 yield
         finally:
-            for module, p in zip(modules, saved, strict=True):
-                module.p = p
+            for layer, dropouts in zip(layers, saved, strict=True):
+                layer.lora_dropout.update(dropouts)
 
     @contextlib.contextmanager
     def temperatures(sampled: float, scored: float) -> Iterator[None]:

@@ -13,6 +13,7 @@ with what the engine did recorded around it. Writes OUT/result.json.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sys
@@ -60,6 +61,7 @@ def main(model_dir: str, out: str, options: dict[str, Any]) -> None:
 
     from agentic_grpo.config import AgenticGRPOConfig
     from agentic_grpo.trainer import AgenticGRPOTrainer
+    from agentic_grpo.vllm_backend import reloaded_into_kernels
 
     plant = options.get("plant")
     if plant == "raw_logprobs":
@@ -115,7 +117,8 @@ def main(model_dir: str, out: str, options: dict[str, Any]) -> None:
                 if "lora_" not in name:
                     yield vllm._fix_param_name_to_vllm(name), param.data
 
-        vllm._iter_named_params = base_only
+        # Loaded as the backend loads into vLLM's CPU build: through the layer-wise reload.
+        vllm._iter_named_params = functools.partial(reloaded_into_kernels, vllm, base_only)
     engine_generate = vllm.llm.generate
 
     def recorded_generate(prompts, sampling_params=None, **kwargs):
