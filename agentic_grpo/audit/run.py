@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -165,7 +166,8 @@ def audit_recipe(
     names = [r.__name__ for r in rewards]
     report = AuditReport(recipe, len(rows), tokenizer_note, dict(zip(names, weights, strict=True)), skipped=skipped,
                          strict=strict)  # fmt: skip
-    judges = [r for r in rewards if hasattr(getattr(r, "backend", None), "complete_many")]
+    # The judges themselves, not their guards: the mangled-reply check swaps a judge's backend for a while.
+    judges = [inspect.unwrap(r) for r in rewards if hasattr(getattr(r, "backend", None), "complete_many")]
 
     pool = parts.sandbox_pool(rank=0)
     sums: dict[str, dict[str, list[float | None]]] = {}
