@@ -11,9 +11,9 @@ checks make them loud:
   after the same top-k/top-p/min-p; dropout off), on a few rows the trainer reads for it (`rows_to_read`) or on all where TRL read them anyway. Logged
   as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over the limit stops the run, naming the likely
   causes. The limit is `canary_logprob_limit` where a recipe sets it, else calibrated by precision
-  (`canary_limit`): where sampler and trainer both compute in fp32 an honest gap is rounding, and a realistic bug
-  (dropout left on at 0.05, the adapter off in the sampler, a temperature off by 0.1) is hundreds of times larger;
-  in bf16 or fp16 the honest gap alone reaches a few hundredths.
+  (`canary_limit`): where sampler and trainer both compute in fp32 an honest gap is rounding, and the adapter off
+  in the sampler or a temperature off by 0.1 reads hundreds of times more (dropout left on in a lightly trained
+  adapter can read less: RESULTS.md); in bf16 or fp16 the honest gap alone reaches a few hundredths.
 - **Token round-trip, at start-up** (`agentic_grpo.token_round_trip`).
 - **Resume, at the first step of a resumed run** (`agentic_grpo.resume_canary`).
 """
