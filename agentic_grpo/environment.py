@@ -146,16 +146,15 @@ class ToolEnvironment:
                 seconds=time.perf_counter() - start,
             )
         if "error" in outcome:
-            failed = _failed(f"Error: {outcome['error']}", start)
-            failed.printed = outcome.get("printed", "")
-            return failed
-        value = outcome.get("value")
-        if isinstance(value, ToolResult):
-            value.seconds = value.seconds or time.perf_counter() - start
-            value.printed = value.printed or outcome.get("printed", "")
-            return value
-        return ToolResult(output="" if value is None else str(value), seconds=time.perf_counter() - start,
-                          printed=outcome.get("printed", ""))  # fmt: skip
+            result = _failed(f"Error: {outcome['error']}", start)
+        elif isinstance(outcome.get("value"), ToolResult):
+            result = outcome["value"]
+            result.seconds = result.seconds or time.perf_counter() - start
+        else:
+            value = outcome.get("value")
+            result = ToolResult(output="" if value is None else str(value), seconds=time.perf_counter() - start)
+        result.printed = result.printed or outcome.get("printed", "")  # unset if the tool raised past `Exception`
+        return result
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for calls still running (past their guard); True once none is."""

@@ -49,6 +49,19 @@ def canary_trainer(model_dir, tmp_path, rows=None, **config):
     return built
 
 
+def sample_with_dropout_on(trainer) -> None:
+    """Plant: the policy samples in train mode, as after a sub-agent call left it so (`model.train(True)`)."""
+    generating = trainer.generation_backend._generating_model
+
+    @contextlib.contextmanager
+    def dropout_back_on():
+        with generating() as model:
+            model.train(True)
+            yield model
+
+    trainer.generation_backend._generating_model = dropout_back_on
+
+
 def test_a_healthy_step_logs_agreement_to_rounding(tiny_model_dir, tmp_path):
     trainer = canary_trainer(tiny_model_dir, tmp_path, peft_config=LORA)
     trainer.generate_and_score(rows_for(trainer.trajectory_format))
@@ -59,16 +72,7 @@ def test_a_healthy_step_logs_agreement_to_rounding(tiny_model_dir, tmp_path):
 
 def test_dropout_on_while_sampling_stops_the_run_and_is_named(tiny_model_dir, tmp_path):
     trainer = canary_trainer(tiny_model_dir, tmp_path, peft_config=LORA)
-    backend = trainer.generation_backend
-    generating = backend._generating_model
-
-    @contextlib.contextmanager
-    def dropout_back_on():  # what a sub-agent call did to every later turn of the policy (`model.train(True)`)
-        with generating() as model:
-            model.train(True)
-            yield model
-
-    backend._generating_model = dropout_back_on
+    sample_with_dropout_on(trainer)
     with pytest.raises(CanaryError, match=r"(?s)dropout was on while sampling \(\d+ dropout modules") as caught:
         trainer.generate_and_score(rows_for(trainer.trajectory_format))
     assert "trajectories are in" in str(caught.value) and (tmp_path / "trajectories").is_dir()
@@ -154,16 +158,7 @@ def test_dropout_left_on_at_a_realistic_rate_is_caught_by_the_default_limit(tiny
     through."""
     trainer = canary_trainer(tiny_model_dir, tmp_path, peft_config=LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05, init_lora_weights=False))  # fmt: skip
-    backend = trainer.generation_backend
-    generating = backend._generating_model
-
-    @contextlib.contextmanager
-    def dropout_back_on():
-        with generating() as model:
-            model.train(True)
-            yield model
-
-    backend._generating_model = dropout_back_on
+    sample_with_dropout_on(trainer)
     with pytest.raises(CanaryError, match=r"\(limit 0.001\)") as caught:
         trainer.generate_and_score(rows_for(trainer.trajectory_format))
     gap = float(str(caught.value).split("differently: ")[1].split(" nats")[0])
