@@ -12,7 +12,8 @@ the second round (keyrings, namespaces, IPC, memory, disk, CPU, cleanup); `attac
 `attacks_limits` what Landlock does not mediate (other processes' priority and limits, file
 metadata, ptrace of pid 1) and limits outside RLIMIT_AS (kernel buffers, long code);
 `attacks_python` the trainer's packages; `attacks_channels` what a slot learns of the host and
-of its neighbours (locks, host-wide /proc, `stat`).
+of its neighbours (locks, host-wide /proc, `stat`); `attacks_lifetime` how a slot's processes end
+(a cleared parent-death signal, the trainer's ignored signals) and what other local users reach.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .attacks_kernel import (
     namespaces_and_uring,
     vsock_port_space,
 )
+from .attacks_lifetime import ignored_signals, pdeathsig_cleared, workspace_open_to_others
 from .attacks_limits import big_code, kernel_buffer_memory
 from .attacks_python import trainer_environment
 from .attacks_resources import (
@@ -262,6 +264,9 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         lock_side_channel,
         host_proc_files,
         stat_outside,
+        pdeathsig_cleared,
+        ignored_signals,
+        workspace_open_to_others,
     )
 }
 

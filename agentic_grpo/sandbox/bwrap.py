@@ -7,10 +7,12 @@ Landlock, seccomp, dropping to the slot uid) are done by small exec-chained prog
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,6 +104,18 @@ def rlimits(config: SandboxConfig, timeout: float, memory_mb: int) -> dict[str, 
         "nofile": config.max_open_files,
         "core": 0,
     }
+
+
+@functools.cache
+def default_signals_argv() -> tuple[str, ...]:
+    """`env --default-signal` (GNU coreutils >= 8.31), where this host's env has it: the command starts with every
+    signal at its default, whatever the trainer ignores (started under `nohup` or in the background)."""
+    env = shutil.which("env") or "/usr/bin/env"
+    try:
+        works = subprocess.run([env, "--default-signal", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        works = False
+    return (env, "--default-signal") if works else ()
 
 
 def prlimit_argv(limits: dict[str, int]) -> list[str]:

@@ -139,8 +139,13 @@ def _child(spec: dict) -> None:
                 raise OSError(f"Landlock ABI {enforced['abi']} does not enforce {missing}")
         if spec.get("seccomp"):
             seccomp.install(bytes.fromhex(spec["seccomp"]))
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        # Every signal at its default and none blocked, whatever the trainer ignores (nohup, a background job).
+        for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # signals the C library keeps for itself
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
         os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
     except BaseException as exc:  # noqa: BLE001 - report any setup failure as the command's error
         try:

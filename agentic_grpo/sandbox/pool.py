@@ -82,7 +82,10 @@ class SandboxPool:
         remove_stale_pools(Path(parent), "agentic-grpo-sandbox-")
         self.cgroups.remove_stale()
         self.root = Path(tempfile.mkdtemp(prefix=f"agentic-grpo-sandbox-{os.getpid()}-r{rank}-", dir=parent))
-        self.root.chmod(0o711)  # slot uids may traverse to their own workspace, not list the others
+        # Only the Landlock layer's slot uids reach their workspace by its host path (traverse, never list);
+        # bwrap binds it and slots without root share the trainer's uid. Closed to everyone else, no other local
+        # user can enter a workspace whatever its code does to it (opens it, leaves a FIFO or a setuid copy).
+        self.root.chmod(0o711 if root and self.layer == "landlock" else 0o700)
         self._lock = threading.Lock()
         self._live: set[SandboxSlot] = set()
         self._closed = False

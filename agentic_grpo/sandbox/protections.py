@@ -13,7 +13,8 @@ _KERNEL = (
     "namespaces (unshare/setns/clone with CLONE_NEW*, clone3), io_uring, userfaultfd, bpf, perf, file handles, "
     "ptrace and process_vm_readv/writev, inotify, fanotify, dnotify and leases, extended attribute writes "
     "(EOPNOTSUPP), and prlimit, setpriority, ioprio_set and sched_setaffinity/setscheduler/setparam/setattr on "
-    "any process but the caller; file locks succeed without effect (no lock is shared between slots)"
+    "any process but the caller; file locks and prctl(PR_SET_PDEATHSIG) succeed without effect (no lock is shared "
+    "between slots; the parent-death signal that ends a namespace's pid 1 stays)"
 )
 _OWN_PID_1 = (
     "; the command is the namespace's pid 1 (--as-pid-1): no bwrap process with the trainer's limits and "

@@ -26,6 +26,10 @@ from a file descriptor (`--seccomp FD`). Refused with EPERM unless noted:
   caller's own non-zero pid from another one, so `renice -p $$` is refused too;
 - ptrace and process_vm_readv/writev: no tool debugs another process, and under bwrap
   without root the namespace's pid 1 would otherwise be a same-uid process to inject into;
+- prctl(PR_SET_PDEATHSIG) succeeds without effect: under bwrap without root the code is the
+  namespace's pid 1, which dies with the trainer's bwrap only through the parent-death signal
+  bwrap gives it; cleared, the code and every process of its namespace outlive the deadline,
+  the slot's release and the trainer itself;
 - inotify and fanotify: a watch on a file every slot reads (the interpreter's modules) shows
   what a concurrent slot, or the trainer, opens;
 - netlink's uevent family (NETLINK_KOBJECT_UEVENT): bwrap as root makes a network namespace
@@ -73,6 +77,7 @@ _NR = {
         "setsockopt": 54,
         "fcntl": 72,
         "flock": 73,
+        "prctl": 157,
         "own_pid": {"sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314},
         "xattr": {"setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
                   "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466},
@@ -104,6 +109,7 @@ _NR = {
         "setsockopt": 208,
         "fcntl": 25,
         "flock": 32,
+        "prctl": 167,
         "own_pid": {"sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122, "sched_setattr": 274},
         "xattr": {"setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
                   "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466},
@@ -127,6 +133,7 @@ SOCK_STREAM, SOCK_SEQPACKET = 1, 5
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 SOL_SOCKET, F_SETPIPE_SZ = 1, 1031
 F_SETLEASE, F_NOTIFY = 1024, 1026
+PR_SET_PDEATHSIG = 1
 SET_LOCK_COMMANDS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW (same on every 64-bit arch)
 BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE (same on every arch)
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
@@ -224,6 +231,7 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool, d
         (_JEQ, nr["setsockopt"], "setsockopt", 0),
         (_JEQ, nr["fcntl"], "fcntl", 0),
         (_JEQ, nr["flock"], "ignore", 0),
+        (_JEQ, nr["prctl"], "prctl", 0),
         (_JEQ, nr["clone3"], "enosys", 0),
         (_JEQ, nr["clone"], "clone", 0),
         (_JEQ, nr["socketpair"], "socketpair", 0),
@@ -252,6 +260,9 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool, d
         (_JEQ, F_SETLEASE, "eperm", 0),
         (_JEQ, F_NOTIFY, "eperm", 0),
         (_JEQ, F_SETPIPE_SZ, "eperm", "allow"),
+        ("label", "prctl"),
+        (_LD_W_ABS, 16, 0, 0),  # args[0]: the option
+        (_JEQ, PR_SET_PDEATHSIG, "ignore", "allow"),
         ("label", "clone"),
         (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the clone flags
         (_JSET, CLONE_NEW_MASK, "eperm", "allow"),

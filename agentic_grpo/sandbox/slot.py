@@ -109,6 +109,7 @@ class Spawner:
             )
             if nice:
                 argv = [shutil.which("nice") or "nice", "-n", str(nice), *argv]
+            argv = [*cmdlines.default_signals_argv(), *argv]  # the launcher resets them itself
         else:
             confine = self.layer == "landlock"
             argv = cmdlines.launcher_argv(

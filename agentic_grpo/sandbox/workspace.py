@@ -27,17 +27,26 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS = 0x80086601, 0x40086602
 _FS_IMMUTABLE_FL, _FS_APPEND_FL = 0x10, 0x20
+GATED = "workspace"  # a slot uid's workspace: the one entry of its gate directory
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def make_workspace(root: Path, name: str, uid: int | None, *, size_mb: int = 0, inodes: int = 0) -> tuple[Path, bool]:
-    """A fresh private directory, owned by the slot uid when there is one.
+    """A fresh private directory, owned by the slot uid when there is one (then inside a gate only that uid's
+    group can pass).
 
     As root with a positive size_mb, the directory is a tmpfs of that size and inode count
     (nosuid, nodev): the slot's total disk use and file count are bounded by the kernel.
     Returns (path, whether a tmpfs was mounted there).
     """
     workspace = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+    if uid is not None:
+        # A gate the code cannot open: root's, passable by the slot's group (its uid's number) alone. Whatever the
+        # code does to its own workspace (opens it to all, leaves a FIFO or a setuid copy), no other user reaches it.
+        os.chown(workspace, 0, uid)
+        workspace.chmod(0o710)
+        workspace = workspace / GATED
+        workspace.mkdir(mode=0o700)
     mounted = False
     if size_mb > 0 and os.geteuid() == 0:
         owner = f",uid={uid},gid={uid}" if uid is not None else ""
@@ -45,6 +54,8 @@ def make_workspace(root: Path, name: str, uid: int | None, *, size_mb: int = 0, 
         if _LIBC.mount(b"tmpfs", str(workspace).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
             err = ctypes.get_errno()
             os.rmdir(workspace)
+            if workspace.name == GATED:
+                os.rmdir(workspace.parent)
             raise OSError(err, f"cannot mount the workspace tmpfs on {workspace}: {os.strerror(err)}")
         mounted = True
     if uid is not None:
@@ -252,3 +263,5 @@ def release_workspace(path: Path, mounted: bool) -> None:
     if mounted:
         unmount(path)
     remove_tree(path)
+    if path.name == GATED:
+        os.rmdir(path.parent)
