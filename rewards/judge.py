@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -32,9 +33,12 @@ from agentic_grpo.rewards.judge_prompt import (
     NO_REFERENCE,
     completion_text,
     consecutive_groups,
+    fence_code,
+    fence_note,
     fill_rubric,
     load_rubric,
     question_text,
+    raw_completion,
     render_trajectory,
 )
 from agentic_grpo.trajectory import Trajectory
@@ -151,6 +155,7 @@ class LLMJudge:
         self.max_tool_output_chars = max_tool_output_chars
         self.cache_size = cache_size
         self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._fence_key = secrets.token_bytes(32)  # the model's text never learns its markers' codes
         self.totals = dict.fromkeys(METRICS, 0)  # since construction; the per-step numbers go to log_metric
         self.totals.update(judged=0, scored=0, steps=0, low_steps=0)
         self._warned_failure = False
@@ -212,30 +217,33 @@ class LLMJudge:
         questions = [self._question(i, prompts, trajectory, columns) for i in range(n)]
         references = columns.get(self.reference_column)
         reference_texts = [NO_REFERENCE if references is None else str(references[i]) for i in range(n)]
-        bodies = [self._render_completion(i, completions, trajectory) for i in range(n)]
+        raws = [self._raw_completion(i, completions, trajectory) for i in range(n)]
         step = dict.fromkeys(METRICS, 0)
         latencies: list[float] = []
 
+        requests = []
         if self.mode == "trajectory":
-            requests = [
-                (
-                    fill_rubric(
-                        self.rubric, question=questions[i], reference=reference_texts[i], trajectory=bodies[i]
-                    ),
-                    [i],
-                )
-                for i in range(n)
-            ]
+            for i in range(n):
+                code = fence_code(self._fence_key, questions[i], raws[i])
+                body = self._render_completion(i, completions, trajectory, code)
+                text = fill_rubric(
+                    self.rubric, question=questions[i], reference=reference_texts[i],
+                    trajectory=f"{fence_note(code)}\n\n{body}",
+                )  # fmt: skip
+                requests.append((text, [i]))
         else:
-            requests = []
             for members in consecutive_groups(questions, prompts):
-                attempts = "\n\n".join(f"### Attempt {k}\n{bodies[i]}" for k, i in enumerate(members, start=1))
                 first = members[0]
+                code = fence_code(self._fence_key, questions[first], *(raws[i] for i in members))
+                attempts = "\n\n".join(
+                    f"### Attempt {k} #{code}\n{self._render_completion(i, completions, trajectory, code)}"
+                    for k, i in enumerate(members, start=1)
+                )
                 text = fill_rubric(
                     self.rubric,
                     question=questions[first],
                     reference=reference_texts[first],
-                    trajectories=attempts,
+                    trajectories=f"{fence_note(code)}\n\n{attempts}",
                     n=str(len(members)),
                 )
                 requests.append((text, members))
@@ -363,10 +371,18 @@ class LLMJudge:
             return str(columns[self.question_column][i])
         return question_text(trajectory[i].prompt if trajectory is not None else prompts[i])
 
-    def _render_completion(self, i: int, completions: list[Any], trajectory: list[Trajectory] | None) -> str:
+    def _render_completion(
+        self, i: int, completions: list[Any], trajectory: list[Trajectory] | None, code: str
+    ) -> str:
         if trajectory is not None and trajectory[i] is not None:
-            return render_trajectory(trajectory[i], self.max_tool_output_chars)
-        return completion_text(completions[i])
+            return render_trajectory(trajectory[i], code, self.max_tool_output_chars)
+        return completion_text(completions[i], code)
+
+    @staticmethod
+    def _raw_completion(i: int, completions: list[Any], trajectory: list[Trajectory] | None) -> str:
+        if trajectory is not None and trajectory[i] is not None:
+            return trajectory[i].completion_text
+        return raw_completion(completions[i])
 
     # -- cache and warnings ------------------------------------------------------------------------------------
 
