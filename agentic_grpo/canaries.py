@@ -11,9 +11,9 @@ checks make them loud:
   after the same top-k/top-p/min-p; dropout off), on a few rows the trainer reads for it (`rows_to_read`) or on all where TRL read them anyway. Logged
   as `canary/logprob_diff/{mean,max,share_over_0.5}`; a mean over the limit stops the run, naming the likely
   causes. The limit is `canary_logprob_limit` where a recipe sets it, else calibrated by precision
-  (`canary_limit`): where sampler and trainer both compute in fp32 an honest gap is rounding, and the adapter off
-  in the sampler or a temperature off by 0.1 reads hundreds of times more (dropout left on in a lightly trained
-  adapter can read less: RESULTS.md); in bf16 or fp16 the honest gap alone reaches a few hundredths.
+  (`canary_limit`): where sampler and trainer both compute in fp32 an honest gap is rounding, and dropout left on
+  while sampling, the adapter off in the sampler or a temperature off by 0.1 reads several to thousands of times
+  more (RESULTS.md); in bf16 or fp16 the honest gap alone reaches a few hundredths.
 - **Token round-trip, at start-up** (`agentic_grpo.token_round_trip`).
 - **Resume, at the first step of a resumed run** (`agentic_grpo.resume_canary`).
 """
@@ -33,7 +33,7 @@ from agentic_grpo.sampling_distribution import filters_of, processed_token_logpr
 TOKEN_LIMIT = 0.5
 """Nats: a token whose sampler and trainer log-probs differ by more counts in `share_over_0.5`."""
 
-FULL_PRECISION_LIMIT = 1e-3
+FULL_PRECISION_LIMIT = 1e-4
 HALF_PRECISION_LIMIT = 0.1
 """Nats per token: the default limits where sampler and trainer both compute in fp32, and where either computes in
 bf16 or fp16. Calibrated from honest runs and planted bugs (RESULTS.md, Canaries)."""
@@ -164,7 +164,7 @@ def sampler_disagreement(
     where = f"\nThe step's trajectories are in {trajectories}." if trajectories else ""
     return (
         f"canary: at step {step} the sampler and the trainer score the same sampled tokens{who} differently: "
-        f"{metrics['canary/logprob_diff/mean']:.4f} nats per token on average (limit {limit}), "
+        f"{metrics['canary/logprob_diff/mean']:.2g} nats per token on average (limit {limit:g}), "
         f"{metrics['canary/logprob_diff/max']:.3f} at most, "
         f"{metrics[f'canary/logprob_diff/share_over_{TOKEN_LIMIT}']:.1%} of tokens over {TOKEN_LIMIT}. "
         "Training on these trajectories would follow the gradient of some other policy."

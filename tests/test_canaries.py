@@ -159,7 +159,7 @@ def test_dropout_left_on_at_a_realistic_rate_is_caught_by_the_default_limit(tiny
     trainer = canary_trainer(tiny_model_dir, tmp_path, peft_config=LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05, init_lora_weights=False))  # fmt: skip
     sample_with_dropout_on(trainer)
-    with pytest.raises(CanaryError, match=r"\(limit 0.001\)") as caught:
+    with pytest.raises(CanaryError, match=r"\(limit 0.0001\)") as caught:
         trainer.generate_and_score(rows_for(trainer.trajectory_format))
     gap = float(str(caught.value).split("differently: ")[1].split(" nats")[0])
-    assert 0.001 < gap < 0.1, gap  # the old fixed limit would have let it through
+    assert 0.0001 < gap < 0.1, gap  # the old fixed limit would have let it through
