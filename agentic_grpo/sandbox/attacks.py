@@ -42,7 +42,7 @@ from .attacks_kernel import (
     vsock_port_space,
 )
 from .attacks_lifetime import ignored_signals, pdeathsig_cleared, workspace_open_to_others
-from .attacks_limits import big_code, kernel_buffer_memory
+from .attacks_limits import big_code, host_wide_resources, kernel_buffer_memory
 from .attacks_python import trainer_environment
 from .attacks_resources import (
     cpu_share,
@@ -267,6 +267,7 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         pdeathsig_cleared,
         ignored_signals,
         workspace_open_to_others,
+        host_wide_resources,
     )
 }
 

@@ -1,4 +1,5 @@
-"""Attacks on limits outside RLIMIT_AS and argv: kernel buffers one process can fill, code too long for one argument.
+"""Attacks on limits outside RLIMIT_AS and argv: kernel buffers one process can fill, code too long for one argument,
+what the whole host shares (async I/O contexts, pinned pipe pages, pseudo-terminals).
 
 Socket and pipe buffers are kernel memory: the address-space limit never sees them, and
 without root there is no memory cgroup to charge them to. What bounds them is the number of
@@ -7,6 +8,8 @@ size of each buffer, which the filter keeps at the host's default.
 """
 
 from __future__ import annotations
+
+import platform
 
 from .attack_support import AttackResult, Context, last_json, run_code
 from .slot import SandboxSlot
@@ -108,3 +111,49 @@ def big_code(ctx: Context, slot: SandboxSlot) -> AttackResult:
             failed[label] = f"exit={result.exit_code} {(result.stdout + result.stderr).strip()[-200:]}"
     sizes = {label: len(code.encode()) for label, (code, _) in cases.items()}
     return AttackResult("big_code", not failed, f"bytes={sizes} failed={failed}")
+
+
+_HOST_WIDE_CODE = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+contexts = []
+for _ in range(64):  # io_setup: async I/O contexts come from one host-wide pool (fs.aio-max-nr)
+    ctx = ctypes.c_ulong(0)
+    if libc.syscall({io_setup}, 4096, ctypes.byref(ctx)) != 0:
+        out["io_setup"] = ctypes.get_errno()
+        break
+    contexts.append(ctx)
+out["aio_contexts"] = len(contexts)
+r, w = os.pipe()  # vmsplice: pages pinned in a pipe are memory RLIMIT_AS never counts
+page = ctypes.create_string_buffer(4096)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(page), 4096)
+spliced = libc.syscall({vmsplice}, w, iov, 1, 0)
+out["vmsplice"] = "OK" if spliced >= 0 else ctypes.get_errno()
+try:  # pseudo-terminals: one host-wide count (kernel.pty.max), shared with every other pty instance
+    master, _ = os.openpty()
+    out["pty"] = "OK"
+except OSError as exc:
+    out["pty"] = exc.errno
+print(json.dumps(out))
+"""
+_HOST_WIDE_NR = {"x86_64": {"io_setup": 206, "vmsplice": 278}, "aarch64": {"io_setup": 0, "vmsplice": 75}}
+
+
+def host_wide_resources(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Take from what the whole host shares with no per-slot bound: async I/O contexts (the host's own io_setup
+    then fails with EAGAIN), pages pinned in pipes (1.5 GB past a 256 MB address-space limit), pseudo-terminals
+    (another slot's openpty then fails). Harm: any of the three granted."""
+    numbers = _HOST_WIDE_NR.get(platform.machine())
+    if numbers is None:
+        return AttackResult(
+            "host_wide_resources", True, "not run", skipped=f"no syscall numbers for {platform.machine()}"
+        )
+    code = _HOST_WIDE_CODE.replace("{io_setup}", str(numbers["io_setup"])).replace(
+        "{vmsplice}", str(numbers["vmsplice"])
+    )
+    result = run_code(slot, code)
+    out = last_json(result)
+    harmed = [k for k in ("vmsplice", "pty") if out.get(k) == "OK"] + (["io_setup"] if out.get("aio_contexts") else [])
+    detail = f"harmed: {harmed} code said {out or result.stderr[-300:]}"
+    return AttackResult("host_wide_resources", bool(out) and not harmed, detail[:600])

@@ -189,7 +189,8 @@ def bwrap_argv(
     for path in PROC_MASKED:
         if os.path.exists(path):
             argv += ["--ro-bind", "/dev/null", path]  # unreadable: a device node on a nodev mount
-    argv += ["--dev", "/dev", "--perms", "0555", "--dir", "/tmp"]
+    # No pseudo-terminals: their count is one host-wide pool (kernel.pty.max) that a slot could empty.
+    argv += ["--dev", "/dev", "--perms", "0555", "--tmpfs", "/dev/pts", "--perms", "0555", "--dir", "/tmp"]
     made.add("/tmp")
     argv += parents(workspace) + ["--bind", workspace, workspace, "--chdir", workspace]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]

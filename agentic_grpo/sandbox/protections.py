@@ -11,7 +11,7 @@ from .config import SandboxConfig
 _KERNEL = (
     "seccomp refuses keyrings (add_key/request_key/keyctl), SysV IPC and POSIX message queues, new "
     "namespaces (unshare/setns/clone with CLONE_NEW*, clone3), io_uring, userfaultfd, bpf, perf, file handles, "
-    "ptrace and process_vm_readv/writev, inotify, fanotify, dnotify and leases, extended attribute writes "
+    "ptrace and process_vm_readv/writev, io_setup, vmsplice, inotify, fanotify, dnotify and leases, extended attribute writes "
     "(EOPNOTSUPP), and prlimit, setpriority, ioprio_set and sched_setaffinity/setscheduler/setparam/setattr on "
     "any process but the caller; file locks and prctl(PR_SET_PDEATHSIG) succeed without effect (no lock is shared "
     "between slots; the parent-death signal that ends a namespace's pid 1 stays)"

@@ -30,6 +30,9 @@ from a file descriptor (`--seccomp FD`). Refused with EPERM unless noted:
   namespace's pid 1, which dies with the trainer's bwrap only through the parent-death signal
   bwrap gives it; cleared, the code and every process of its namespace outlive the deadline,
   the slot's release and the trainer itself;
+- io_setup: async I/O contexts come from one host-wide pool (fs.aio-max-nr), which a slot could
+  empty (the host's own io_setup then fails with EAGAIN); code falls back to plain reads and writes;
+- vmsplice: pages spliced into a pipe stay pinned outside RLIMIT_AS (1.5 GB past a 256 MB limit);
 - inotify and fanotify: a watch on a file every slot reads (the interpreter's modules) shows
   what a concurrent slot, or the trainer, opens;
 - netlink's uevent family (NETLINK_KOBJECT_UEVENT): bwrap as root makes a network namespace
@@ -84,7 +87,7 @@ _NR = {
         "metadata": {"chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93,
                      "lchown": 94, "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280},
         "deny": {
-            "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+            "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "io_setup": 206, "vmsplice": 278,
             "inotify_init": 253, "inotify_init1": 294, "fanotify_init": 300,
             "open_by_handle_at": 304, "name_to_handle_at": 303, "bpf": 321, "perf_event_open": 298,
             "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249, "io_uring_setup": 425,
@@ -115,7 +118,7 @@ _NR = {
                   "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466},
         "metadata": {"fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54, "utimensat": 88},
         "deny": {
-            "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
+            "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "io_setup": 0, "vmsplice": 75,
             "inotify_init1": 26, "fanotify_init": 262,
             "open_by_handle_at": 265, "name_to_handle_at": 264, "bpf": 280, "perf_event_open": 241,
             "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218, "io_uring_setup": 425,
