@@ -1,4 +1,4 @@
-"""The attack suite (agentic_grpo/sandbox/attacks*.py) against every layer this host offers.
+"""The attack suite (agentic_grpo/sandbox/checks/) against every layer this host offers.
 
 Same attacks as `agentic-grpo sandbox check`: in this process (bubblewrap, and Landlock
 when the trainer's interpreter is reachable by slot uids), as root with the system python
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from agentic_grpo.sandbox import SandboxConfig, SandboxPool
-from agentic_grpo.sandbox.attacks import ATTACKS, Context, run_attack
+from agentic_grpo.sandbox.checks import ATTACKS, Context, run_attack
 from agentic_grpo.sandbox.probe import probe
 from tests.helpers import ROOT, run_process, run_python
 
@@ -117,7 +117,7 @@ _SCRIPT = textwrap.dedent(
     from agentic_grpo.sandbox import SandboxConfig, SandboxPool
     from agentic_grpo.sandbox.probe import probe
     from agentic_grpo.sandbox import seccomp
-    from agentic_grpo.sandbox.attacks import run_all
+    from agentic_grpo.sandbox.checks import run_all
 
     quick = "quick" in sys.argv  # probe and pool only, no attacks
     modes = [m for m in sys.argv[2:] if m != "quick"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentic_grpo.sandbox import SandboxConfig, SandboxPool, bwrap
-from agentic_grpo.sandbox.attacks_resources import DEEP_TREE_CODE, READONLY_TREE_CODE
+from agentic_grpo.sandbox.checks.resources import DEEP_TREE_CODE, READONLY_TREE_CODE
 from agentic_grpo.sandbox.reclaim import ipc_objects
 from agentic_grpo.sandbox.workspace import remove_tree
 from tests.helpers import ROOT, environment, run_process, run_python

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentic_grpo.sandbox import SandboxConfig, SandboxPool, bwrap, landlock, slot_python
-from agentic_grpo.sandbox.attacks import Context, run_attack
+from agentic_grpo.sandbox.checks import Context, run_attack
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """

@@ -34,7 +34,7 @@ def _config(args: argparse.Namespace) -> SandboxConfig:
 
 def check(args: argparse.Namespace) -> int:
     """Print the probe report and the attack suite's results; non-zero if any attack succeeded."""
-    from .attacks import run_all
+    from .checks import run_all
     from .pool import SandboxPool
     from .probe import probe
 

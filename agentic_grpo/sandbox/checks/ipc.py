@@ -17,9 +17,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .attack_support import AttackResult, Context, last_json, run_code
-from .reclaim import ipc_objects
-from .slot import SandboxSlot
+from ..reclaim import ipc_objects
+from ..slot import SandboxSlot
+from .support import AttackResult, Context, last_json, run_code
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.shmat.restype = ctypes.c_void_p

@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from .attack_support import AttackResult, Context, last_json, run_code
-from .slot import SandboxSlot
-from .slot_python import base_executable, interpreter_paths, slot_python, trainer_paths
+from ..slot import SandboxSlot
+from ..slot_python import base_executable, interpreter_paths, slot_python, trainer_paths
+from .support import AttackResult, Context, last_json, run_code
 
 MODULES = ("reasoning_gym", "agentic_grpo", "trl", "torch")
 

@@ -7,12 +7,12 @@ an orphan keep beating), not only by what the sandboxed code claims. Every attac
 bounded: the fork bomb stops by itself, the allocation is refused at once.
 
 This module holds the registry and the first round's network and process attacks;
-`attacks_files` its filesystem ones; `attacks_kernel`, `attacks_ipc` and `attacks_resources`
-the second round (keyrings, namespaces, IPC, memory, disk, CPU, cleanup); `attacks_host` and
-`attacks_limits` what Landlock does not mediate (other processes' priority and limits, file
+`files` its filesystem ones; `kernel`, `ipc` and `resources`
+the second round (keyrings, namespaces, IPC, memory, disk, CPU, cleanup); `host` and
+`limits` what Landlock does not mediate (other processes' priority and limits, file
 metadata, ptrace of pid 1) and limits outside RLIMIT_AS (kernel buffers, long code);
-`attacks_python` the trainer's packages; `attacks_channels` what a slot learns of the host and
-of its neighbours (locks, host-wide /proc, `stat`); `attacks_lifetime` how a slot's processes end
+`python` the trainer's packages; `channels` what a slot learns of the host and
+of its neighbours (locks, host-wide /proc, `stat`); `lifetime` how a slot's processes end
 (a cleared parent-death signal, the trainer's ignored signals) and what other local users reach.
 """
 
@@ -21,9 +21,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .attack_support import AttackResult, Context, run_code, still_growing, uid_processes
-from .attacks_channels import host_proc_files, lock_side_channel, stat_outside
-from .attacks_files import (
+from ..pool import SandboxPool
+from ..slot import SandboxSlot
+from .channels import host_proc_files, lock_side_channel, stat_outside
+from .files import (
     read_opt_data,
     read_shadow,
     read_sibling,
@@ -31,9 +32,9 @@ from .attacks_files import (
     symlink_escape,
     write_outside,
 )
-from .attacks_host import metadata_outside, other_process_priority, ptrace_init, xattr_carryover
-from .attacks_ipc import sysv_ipc, unix_abstract_squat, unix_socket_by_path, unix_socket_types
-from .attacks_kernel import (
+from .host import metadata_outside, other_process_priority, ptrace_init, xattr_carryover
+from .ipc import sysv_ipc, unix_abstract_squat, unix_socket_by_path, unix_socket_types
+from .kernel import (
     host_uevents,
     inotify_shared_files,
     keyring_session,
@@ -41,10 +42,10 @@ from .attacks_kernel import (
     namespaces_and_uring,
     vsock_port_space,
 )
-from .attacks_lifetime import ignored_signals, pdeathsig_cleared, workspace_open_to_others
-from .attacks_limits import big_code, host_wide_resources, kernel_buffer_memory
-from .attacks_python import trainer_environment
-from .attacks_resources import (
+from .lifetime import ignored_signals, pdeathsig_cleared, workspace_open_to_others
+from .limits import big_code, host_wide_resources, kernel_buffer_memory
+from .python import trainer_environment
+from .resources import (
     cpu_share,
     deep_tree_cleanup,
     disk_quota,
@@ -53,8 +54,7 @@ from .attacks_resources import (
     memfd_memory,
     readonly_tree_cleanup,
 )
-from .pool import SandboxPool
-from .slot import SandboxSlot
+from .support import AttackResult, Context, run_code, still_growing, uid_processes
 
 
 def network_loopback(ctx: Context, slot: SandboxSlot) -> AttackResult:

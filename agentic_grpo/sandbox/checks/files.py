@@ -10,10 +10,10 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from .attack_support import AttackResult, Context, last_json, run_code
-from .bwrap import interpreter_paths
-from .slot import SandboxSlot
-from .workspace import remove_tree
+from ..bwrap import interpreter_paths
+from ..slot import SandboxSlot
+from ..workspace import remove_tree
+from .support import AttackResult, Context, last_json, run_code
 
 
 def read_shadow(ctx: Context, slot: SandboxSlot) -> AttackResult:

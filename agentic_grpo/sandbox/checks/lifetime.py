@@ -13,8 +13,8 @@ import signal
 import threading
 from pathlib import Path
 
-from .attack_support import AttackResult, Context, last_json, run_code, still_growing
-from .slot import SandboxSlot
+from ..slot import SandboxSlot
+from .support import AttackResult, Context, last_json, run_code, still_growing
 
 _CLEAR_PDEATHSIG = """
 import ctypes, json, time

@@ -13,9 +13,9 @@ import secrets
 import socket
 import threading
 
-from . import seccomp
-from .attack_support import AttackResult, Context, last_json, run_code
-from .slot import SandboxSlot
+from .. import seccomp
+from ..slot import SandboxSlot
+from .support import AttackResult, Context, last_json, run_code
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.syscall.restype = ctypes.c_long

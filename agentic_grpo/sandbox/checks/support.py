@@ -1,6 +1,6 @@
 """Host-side fixtures of the attack suite: the result type, decoys, listeners and harm detectors.
 
-Split from `attacks.py` so the attacks read as a list of hostile programs and their checks.
+Split from the registry (`checks/__init__.py`) so the attacks read as a list of hostile programs and their checks.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .config import ExecResult
-from .pool import SandboxPool
-from .slot import SandboxSlot
-from .workspace import remove_tree
+from ..config import ExecResult
+from ..pool import SandboxPool
+from ..slot import SandboxSlot
+from ..workspace import remove_tree
 
 
 @dataclass

@@ -16,9 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-from .attack_support import AttackResult, Context, last_json, run_code
-from .slot import SandboxSlot
-from .workspace import remove_tree
+from ..slot import SandboxSlot
+from ..workspace import remove_tree
+from .support import AttackResult, Context, last_json, run_code
 
 # Host-wide files a pid namespace does not scope that say who and what runs on the host: bwrap's command line
 # (pid 1 as root), the uids holding keys, the kernel's boot line.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import platform
 
-from .attack_support import AttackResult, Context, last_json, run_code
-from .slot import SandboxSlot
+from ..slot import SandboxSlot
+from .support import AttackResult, Context, last_json, run_code
 
 _BUFFERS_CODE = """
 import array, fcntl, json, os, socket, struct

@@ -15,9 +15,9 @@ import stat
 import threading
 import time
 
-from .attack_support import AttackResult, Context, last_json, run_code
-from .slot import SandboxSlot
-from .workspace import remove_tree
+from ..slot import SandboxSlot
+from ..workspace import remove_tree
+from .support import AttackResult, Context, last_json, run_code
 
 
 def memfd_memory(ctx: Context, slot: SandboxSlot) -> AttackResult:
