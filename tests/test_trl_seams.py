@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
+import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -15,38 +18,55 @@ from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.chunked_logps import ChunkedLogps
 from agentic_grpo.epoch_order import ResumableOrder
 from agentic_grpo.resume_canary import ResumeCanary
-from agentic_grpo.trainer import PRIVATE_SEAMS, AgenticGRPOTrainer
+from agentic_grpo.trainer import PRIVATE_SEAMS, SEAM_RETURNS, AgenticGRPOTrainer
 from tests.helpers import require_vllm
 
-OWNERS = {"GRPOTrainer": GRPOTrainer, "Trainer": Trainer}
+
+def owners() -> dict[str, type]:
+    from peft import PeftModel
+    from trl.generation.vllm_generation import VLLMGeneration  # defined with or without vLLM installed
+
+    return {"GRPOTrainer": GRPOTrainer, "Trainer": Trainer, "VLLMGeneration": VLLMGeneration, "PeftModel": PeftModel}
 
 
-def seam_mismatches(seams: dict[str, tuple[str, ...]], owners: dict[str, type]) -> list[str]:
-    """One line per seam whose method is gone, whose leading parameters changed, or whose attribute TRL no longer
-    sets in its constructor."""
+def seam_mismatches(
+    seams: dict[str, tuple[str, ...]], owners: dict[str, type], returns: dict[str, int] | None = None
+) -> list[str]:
+    """One line per seam whose method is gone or whose parameters changed (any of them: a new one too), whose
+    attribute its class no longer sets, or whose returns are no longer tuples of the length relied on."""
     problems = []
     for seam, expected in seams.items():
         owner_name, name = seam.split(".")
         owner = owners[owner_name]
-        if not expected:  # an attribute the constructor sets
-            if f"self.{name} =" not in inspect.getsource(owner.__init__):
-                problems.append(f"{seam}: {owner_name}.__init__ no longer sets `self.{name}`")
+        if not expected:  # an attribute the class sets
+            if not re.search(rf"self\.{name}\s*=", inspect.getsource(owner)):
+                problems.append(f"{seam}: {owner_name} no longer sets `self.{name}`")
             continue
         method = getattr(owner, name, None)
         if method is None:
             problems.append(f"{seam}: no such method in {owner.__module__}.{owner_name}")
             continue
-        found = tuple(inspect.signature(method).parameters)[: len(expected)]
+        found = tuple(inspect.signature(method).parameters)
         if found != expected:
             problems.append(f"{seam}: parameters {found}, the trainer relies on {expected}")
+        arity = (returns or {}).get(seam)
+        if arity is not None:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+            lengths = {len(r.value.elts) if isinstance(r.value, ast.Tuple) else 1
+                       for r in ast.walk(tree) if isinstance(r, ast.Return) and r.value is not None}  # fmt: skip
+            if lengths != {arity}:
+                problems.append(f"{seam}: returns tuples of length {sorted(lengths)}, the trainer relies on {arity}")
     return problems
 
 
-def test_every_private_seam_matches_the_installed_trl():
-    assert seam_mismatches(PRIVATE_SEAMS, OWNERS) == []
+def test_every_private_seam_matches_the_installed_packages():
+    assert seam_mismatches(PRIVATE_SEAMS, owners(), SEAM_RETURNS) == []
 
 
-def test_a_changed_signature_is_reported_naming_the_method():
+def test_each_kind_of_change_is_reported_naming_the_seam():
+    """Planted upgrades: a parameter gone, a parameter added, a method gone, an attribute renamed, a return of
+    another length."""
+
     class Upgraded:
         def __init__(self) -> None:
             self._renamed = {}
@@ -54,17 +74,29 @@ def test_a_changed_signature_is_reported_naming_the_method():
         def _calculate_rewards(self, inputs, prompts, completions):  # one parameter gone
             return None
 
+        def _read(self, model, input_ids, new_flag=False):  # one parameter added
+            return model, input_ids
+
+        def _logps(self, model):
+            if model:
+                return model, None
+            return model, None, None
+
     seams = {"Upgraded._calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
-             "Upgraded._generate": ("self", "prompts"), "Upgraded._metrics": ()}  # fmt: skip
-    problems = seam_mismatches(seams, {"Upgraded": Upgraded})
-    assert len(problems) == 3
+             "Upgraded._read": ("self", "model", "input_ids"), "Upgraded._generate": ("self", "prompts"),
+             "Upgraded._metrics": (), "Upgraded._logps": ("self", "model")}  # fmt: skip
+    problems = seam_mismatches(seams, {"Upgraded": Upgraded}, {"Upgraded._logps": 3})
+    assert len(problems) == 5, problems
     assert problems[0].startswith("Upgraded._calculate_rewards: parameters")
-    assert "Upgraded._generate: no such method" in problems[1]
-    assert "no longer sets `self._metrics`" in problems[2]
+    assert problems[1].startswith("Upgraded._read: parameters") and "new_flag" in problems[1]
+    assert "Upgraded._generate: no such method" in problems[2]
+    assert "no longer sets `self._metrics`" in problems[3]
+    assert problems[4] == "Upgraded._logps: returns tuples of length [2, 3], the trainer relies on 3"
 
 
 def test_every_private_method_the_trainer_overrides_is_in_the_table():
-    ours = (AgenticGRPOTrainer, AtomicCheckpoints, ChunkedLogps, ResumableOrder, ResumeCanary)
+    ours = (AgenticGRPOTrainer, *AgenticGRPOTrainer.__mro__[1 : AgenticGRPOTrainer.__mro__.index(GRPOTrainer)])
+    assert {ResumeCanary, ResumableOrder, AtomicCheckpoints, ChunkedLogps} <= set(ours)
     overridden = {
         f"{'GRPOTrainer' if name in vars(GRPOTrainer) else 'Trainer'}.{name}"
         for cls in ours
