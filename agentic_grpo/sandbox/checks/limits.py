@@ -9,8 +9,7 @@ size of each buffer, which the filter keeps at the host's default.
 
 from __future__ import annotations
 
-import platform
-
+from .. import seccomp
 from ..slot import SandboxSlot
 from .support import AttackResult, Context, last_json, run_code
 
@@ -137,18 +136,17 @@ except OSError as exc:
     out["pty"] = exc.errno
 print(json.dumps(out))
 """
-_HOST_WIDE_NR = {"x86_64": {"io_setup": 206, "vmsplice": 278}, "aarch64": {"io_setup": 0, "vmsplice": 75}}
 
 
 def host_wide_resources(ctx: Context, slot: SandboxSlot) -> AttackResult:
     """Take from what the whole host shares with no per-slot bound: async I/O contexts (the host's own io_setup
     then fails with EAGAIN), pages pinned in pipes (1.5 GB past a 256 MB address-space limit), pseudo-terminals
     (another slot's openpty then fails). Harm: any of the three granted."""
-    numbers = _HOST_WIDE_NR.get(platform.machine())
-    if numbers is None:
+    if not seccomp.supported():
         return AttackResult(
-            "host_wide_resources", True, "not run", skipped=f"no syscall numbers for {platform.machine()}"
+            "host_wide_resources", True, "not run", skipped=f"no syscall numbers for {seccomp.machine()}"
         )
+    numbers = seccomp._NR[seccomp.machine()]["deny"]  # the filter's own table, as the kernel attacks read it
     code = _HOST_WIDE_CODE.replace("{io_setup}", str(numbers["io_setup"])).replace(
         "{vmsplice}", str(numbers["vmsplice"])
     )
