@@ -10,6 +10,8 @@ which imports trl). No model hub: the models are built from a config, the tokeni
   and values with a shrinking batch, with the full batch, and every context read whole (HF `generate`). The
   tokens and the generator's final state must be the same: the random-number argument of
   `agentic_grpo.shrinking_batch`, which tests/test_kv_reuse.py checks on CPU kernels only.
+- `decode`: where one decoding step's time goes on the 7B shape: the plain model, PEFT LoRA, and PEFT LoRA with
+  its adapters disabled; wall and device-busy milliseconds per step, kernels per step (`benchmarks/_gpu_decode.py`).
 - `lora`: the 7B shape in bf16 with LoRA; `full`: the 1.5B shape in bf16, full fine-tuning with gradient
   checkpointing. Each: one rollout with plain `generate` (`reuse_cache=False, shrink_batch=False`), then GRPO
   steps: our rollout (G per question, calculator environment, ReAct format), a rule reward, group-normalized
@@ -51,11 +53,14 @@ if not __package__:  # run as a file: the checkout's packages, and not this fold
 import torch
 
 try:
+    from agentic_grpo.benchmarks import _gpu_decode as decoding
     from agentic_grpo.benchmarks import _gpu_parts as parts
 except ImportError:  # the checkout on the path, nothing installed (the GPU machine)
+    from benchmarks import _gpu_decode as decoding
     from benchmarks import _gpu_parts as parts
 
 ABSENT_ON_THE_GPU_MACHINE = ("trl", "datasets", "wandb", "openai", "reasoning_gym", "gguf", "math_verify")
+PHASES = ("fp32_identity", "decode", "lora", "full")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -81,12 +86,15 @@ class Plan:
     clip: float = 0.2
     deadline_s: float = 400.0
     first_rollout_s: float = 60.0  # what a phase's first rollout is assumed to need, before one is measured
+    decode_context: int = 512
+    decode_steps: int = 32
 
 
 FULL_PLAN = Plan()
 TINY = parts.TINY_SHAPE
 TINY_PLAN = Plan(TINY, TINY, TINY, group=4, turns=3, turn_tokens=16, identity_turn_tokens=16, identity_eos_every=8,
-                 steps=2, eos_every=8, micro_batch_lora=2, deadline_s=600.0, first_rollout_s=0.0)  # fmt: skip
+                 steps=2, eos_every=8, micro_batch_lora=2, deadline_s=600.0, first_rollout_s=0.0,
+                 decode_context=16, decode_steps=4)  # fmt: skip
 
 
 STARTED = time.monotonic()
@@ -346,8 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per phase (default: 3, --tiny 2)")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds after which nothing new starts (default: 400, --tiny 600)")  # fmt: skip
-    parser.add_argument("--phases", nargs="+", default=["fp32_identity", "lora", "full"],
-                        choices=["fp32_identity", "lora", "full"],
+    parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES,
                         help="which phases to run (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
     plan = TINY_PLAN if args.tiny else FULL_PLAN
@@ -374,13 +381,16 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="agentic-grpo-gpu-") as directory:
         tokenizer = parts.tests_tokenizer(Path(directory))
-    for phase in [p for p in ("fp32_identity", "lora", "full") if p in args.phases]:
-        if not deadline.allows(phase, (1 if phase == "fp32_identity" else 2) * plan.first_rollout_s):
+    for phase in [p for p in PHASES if p in args.phases]:
+        if not deadline.allows(phase, (2 if phase in ("lora", "full") else 1) * plan.first_rollout_s):
             continue
         log(f"{phase} ...")
         try:
             if phase == "fp32_identity":
                 save(phase, fp32_identity(plan, tokenizer, device))
+            elif phase == "decode":
+                save(phase, decoding.decode_phase(plan.lora_shape, tokenizer, device, plan.group * plan.questions,
+                                                  plan.decode_context, plan.decode_steps, LORA_TARGETS))  # fmt: skip
             else:
                 save(phase, grpo_phase(plan, tokenizer, device, memory, deadline, phase == "lora",
                                        lambda result, phase=phase: save(phase, result)))  # fmt: skip

@@ -75,7 +75,7 @@ def test_the_check_runs_every_phase_and_prints_what_it_writes(check):
     assert report["skipped"] == [] and report["imported_absent_packages"] == []
     for key in ("device", "torch", "transformers", "peft", "accelerate", "memory_measure", "seconds"):
         assert report[key], key
-    assert sorted(report["phases"]) == ["fp32_identity", "full", "lora"]
+    assert sorted(report["phases"]) == ["decode", "fp32_identity", "full", "lora"]
 
 
 @pytest.mark.parametrize("phase", ["lora", "full"])
@@ -111,3 +111,14 @@ def test_bf16_sampler_and_trainer_logprobs_agree_to_rounding(check, phase):
     gap = check[0]["phases"][phase]["logprob_gap"]
     assert gap["tokens"] > 0
     assert gap["mean"] < 0.02 and gap["max"] < 0.1 and gap["share_over_0.5"] == 0.0, gap
+
+
+def test_the_decode_phase_times_the_plain_model_and_the_peft_wrapper_with_and_without_adapters(check):
+    decode = check[0]["phases"]["decode"]
+    assert "error" not in decode
+    for variant in ("plain", "peft_lora", "peft_lora_disabled"):
+        assert decode[variant]["wall_ms_per_step"] > 0, variant
+    assert decode["lora_over_plain"] == round(
+        decode["peft_lora"]["wall_ms_per_step"] / decode["plain"]["wall_ms_per_step"], 2
+    )
+    assert decode["batch"] == 8 and decode["steps"] == 4, "the tiny plan's G x questions rows"
