@@ -34,25 +34,32 @@ TOKEN_LIMIT = 0.5
 """Nats: a token whose sampler and trainer log-probs differ by more counts in `share_over_0.5`."""
 
 FULL_PRECISION_LIMIT = 1e-4
+ACCELERATOR_FULL_PRECISION_LIMIT = 1e-3
 HALF_PRECISION_LIMIT = 0.1
-"""Nats per token: the default limits where sampler and trainer both compute in fp32, and where either computes in
-bf16 or fp16. Calibrated from honest runs and planted bugs (RESULTS.md, Canaries)."""
+"""Nats per token: the default limits where sampler and trainer both compute in fp32 on CPU, in fp32 on a GPU (or
+another accelerator), and where either computes in bf16 or fp16. Calibrated from honest runs and planted bugs
+(RESULTS.md, Canaries)."""
 
 
 def canary_limit(trainer: Any) -> float:
-    """The sampler-trainer limit: `canary_logprob_limit` where set (0: off), else `FULL_PRECISION_LIMIT` where the
-    policy's weights and the vLLM engine (if any) are all fp32, else `HALF_PRECISION_LIMIT`. A vLLM server's
-    dtype is not known here: counted as half precision."""
+    """The sampler-trainer limit: `canary_logprob_limit` where set (0: off), else, where the policy's weights and
+    the vLLM engine (if any) are all fp32, `FULL_PRECISION_LIMIT` on CPU and `ACCELERATOR_FULL_PRECISION_LIMIT`
+    where any weight lives elsewhere; else `HALF_PRECISION_LIMIT`. A vLLM server's dtype is not known here:
+    counted as half precision."""
     if trainer.args.canary_logprob_limit is not None:
         return trainer.args.canary_logprob_limit
     cached = getattr(trainer, "_calibrated_canary_limit", None)
     if cached is not None:
         return cached
     dtypes = {parameter.dtype for parameter in trainer.model.parameters()}
+    on_cpu = all(parameter.device.type == "cpu" for parameter in trainer.model.parameters())
     if getattr(trainer, "use_vllm", False):
         engine = getattr(getattr(getattr(trainer, "vllm_generation", None), "llm", None), "llm_engine", None)
         dtypes.add(engine.model_config.dtype if engine is not None else torch.bfloat16)
-    limit = FULL_PRECISION_LIMIT if dtypes <= {torch.float32, torch.float64} else HALF_PRECISION_LIMIT
+    if dtypes <= {torch.float32, torch.float64}:
+        limit = FULL_PRECISION_LIMIT if on_cpu else ACCELERATOR_FULL_PRECISION_LIMIT
+    else:
+        limit = HALF_PRECISION_LIMIT
     trainer._calibrated_canary_limit = limit
     return limit
 

@@ -135,16 +135,24 @@ def test_a_cotrained_subagent_sampled_at_its_own_temperature_is_named(tiny_model
 def test_the_default_limit_is_calibrated_by_the_precision_sampler_and_trainer_compute_in():
     from types import SimpleNamespace
 
-    from agentic_grpo.canaries import FULL_PRECISION_LIMIT, HALF_PRECISION_LIMIT, canary_limit
+    from agentic_grpo.canaries import (
+        ACCELERATOR_FULL_PRECISION_LIMIT,
+        FULL_PRECISION_LIMIT,
+        HALF_PRECISION_LIMIT,
+        canary_limit,
+    )
 
-    def trainer(dtype, use_vllm=False, engine_dtype=None, limit=None):
+    def trainer(dtype, use_vllm=False, engine_dtype=None, limit=None, device="cpu"):
         engine = None if engine_dtype is None else SimpleNamespace(model_config=SimpleNamespace(dtype=engine_dtype))
         return SimpleNamespace(args=SimpleNamespace(canary_logprob_limit=limit), use_vllm=use_vllm,
-                               model=torch.nn.Linear(2, 2, dtype=dtype),
+                               model=torch.nn.Linear(2, 2, dtype=dtype, device=device),
                                vllm_generation=SimpleNamespace(llm=SimpleNamespace(llm_engine=engine)))  # fmt: skip
 
     assert canary_limit(trainer(torch.float32)) == FULL_PRECISION_LIMIT
     assert canary_limit(trainer(torch.bfloat16)) == HALF_PRECISION_LIMIT
+    # Weights off the CPU: "meta" stands in for a GPU, which this machine has not (only the device type is read).
+    assert canary_limit(trainer(torch.float32, device="meta")) == ACCELERATOR_FULL_PRECISION_LIMIT
+    assert canary_limit(trainer(torch.bfloat16, device="meta")) == HALF_PRECISION_LIMIT
     assert canary_limit(trainer(torch.float32, True, torch.float32)) == FULL_PRECISION_LIMIT
     assert canary_limit(trainer(torch.float32, True, torch.bfloat16)) == HALF_PRECISION_LIMIT
     assert canary_limit(trainer(torch.float32, True)) == HALF_PRECISION_LIMIT  # a server: its dtype is unknown
