@@ -12,6 +12,7 @@ __all__ = [
     "ToolEnvironment",
     "ToolResult",
     "Trajectory",
+    "trainer_class",
 ]
 __version__ = "0.1.0"
 
@@ -26,6 +27,10 @@ def __getattr__(name: str):
         from agentic_grpo.trainer import AgenticGRPOTrainer
 
         return AgenticGRPOTrainer
+    if name == "trainer_class":
+        from agentic_grpo.trainer_layers import trainer_class
+
+        return trainer_class
     if name == "RolloutManager":
         from agentic_grpo.rollout import RolloutManager
 

@@ -28,7 +28,7 @@ from agentic_grpo.action_choices import ActionChoiceProcessor, choice_mask
 from agentic_grpo.dropout import dropout_active
 from agentic_grpo.formats import ActionChoices
 from agentic_grpo.kv_reuse import ContextCache, generate_reusing, why_not_reusable
-from agentic_grpo.lockstep import any_process_live, needs_lockstep
+from agentic_grpo.lockstep import live_on_any_process, needs_lockstep
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class TransformersBackend:
 
     def any_process_live(self, live_here: int) -> bool:
         """Whether any process has a live trajectory this turn (only this one's count, unless in lockstep)."""
-        return any_process_live(live_here) if self.lockstep else live_here > 0
+        return live_on_any_process(live_here) if self.lockstep else live_here > 0
 
     def idle_turn(self, max_new_tokens: int) -> None:
         """A turn for a process whose trajectories have all ended while others' have not: a one-row `generate`

@@ -19,7 +19,6 @@ import torch
 import yaml
 from trl import GRPOConfig, ModelConfig, TrlParser
 
-from agentic_grpo.experimental import ExperimentalConfig
 from agentic_grpo.resources import find_shipped
 from agentic_grpo.sandbox.config import SandboxConfig
 
@@ -217,7 +216,8 @@ class AgenticGRPOConfig(GRPOConfig):
             self.subagents = yaml.safe_load(self.subagents)
         self.subagents = list(self.subagents or [])
         self.sandbox = sandbox_settings(self.sandbox)
-        ExperimentalConfig.from_recipe(self.experimental)  # checked here; read through `experiments`
+        if self.experimental:  # checked here; read through `experiments`
+            self.experiments  # noqa: B018
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
         if self.advantage not in ("outcome", "turn", "anchor"):
@@ -236,8 +236,11 @@ class AgenticGRPOConfig(GRPOConfig):
             raise ValueError(f"wandb_mode must be `online`, `offline` or `disabled`, got `{self.wandb_mode}`")
 
     @property
-    def experiments(self) -> ExperimentalConfig:
-        """The recipe's `experimental:` options (all off by default)."""
+    def experiments(self) -> Any:
+        """The recipe's `experimental:` options (`agentic_grpo.experimental.ExperimentalConfig`, all off by
+        default); the experimental package is imported here, so a run without experiments never loads it."""
+        from agentic_grpo.experimental import ExperimentalConfig
+
         return ExperimentalConfig.from_recipe(self.experimental)
 
 

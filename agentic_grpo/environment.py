@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from agentic_grpo.tool_output import captured_output
 from agentic_grpo.trajectory import ToolCall, ToolResult
 
-_RESERVED = {"reset", "close", "execute", "tools", "tool_schemas", "wait_idle", "pay", "state_hash", "take_payments"}
+RESERVED = {"reset", "close", "execute", "tools", "tool_schemas", "wait_idle", "pay", "state_hash", "take_payments"}
 # How long after a code tool's own (sandbox) deadline the caller stops waiting for it.
 SANDBOX_GRACE_S = 5.0
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
@@ -89,7 +89,7 @@ class ToolEnvironment:
             if klass in (ToolEnvironment, object):
                 continue
             for name, member in vars(klass).items():
-                if name.startswith("_") or name in _RESERVED or not inspect.isfunction(member):
+                if name.startswith("_") or name in RESERVED or not inspect.isfunction(member):
                     continue
                 found[name] = member
         return found

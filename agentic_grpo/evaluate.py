@@ -17,6 +17,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from agentic_grpo.eval_breakdown import kind_breakdown
+from agentic_grpo.reward_setup import score_trajectories
 from agentic_grpo.rollout import RolloutStats
 from agentic_grpo.rollout_metrics import rollout_metrics
 from agentic_grpo.rollout_parts import RolloutParts
@@ -185,30 +186,6 @@ def correctness_reward_name(rewards: list, name: str | None = None) -> str:
         raise ValueError(f"`correctness_reward` {f'`{name}` ' if name else ''}{how} the recipe's rewards {names}: set "
                          "`correctness_reward` to the reward that pays 1 for a correct answer")  # fmt: skip
     return wanted
-
-
-def score_trajectories(
-    rewards: list, trajectories: list[Trajectory], rows: list[dict[str, Any]]
-) -> dict[str, list[float | None]]:
-    """Every reward's score of every trajectory, called as TRL calls it (async rewards awaited)."""
-    import asyncio
-    import inspect
-
-    columns = {key: [r.get(key) for r in rows] for key in rows[0]} if rows else {}
-    inputs = {
-        "prompts": [t.prompt for t in trajectories],
-        "completions": [[{"role": "assistant", "content": t.completion_text}] for t in trajectories],
-        "completion_ids": [t.completion_ids for t in trajectories],
-        "trajectory": trajectories,
-        **columns,
-    }
-    scores = {}
-    for func in rewards:
-        values = func(**inputs)
-        if inspect.isawaitable(values):
-            values = asyncio.run(values)
-        scores[func.__name__] = [None if v is None else float(v) for v in values]
-    return scores
 
 
 def write_report(path: str | Path, metrics: dict[str, Any], records: list[dict[str, Any]]) -> None:

@@ -109,11 +109,10 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
             saved = (state.stateful_callbacks or {}).get(type(self).__name__)
             if isinstance(saved, dict) and "beta" in saved.get("attributes", {}) and state.global_step > 0:
                 self.trainer.beta = float(saved["attributes"]["beta"])
-        self._seen = len(self.trainer._metrics["train"]["kl"])
+        self._seen = len(self.trainer.logged_values("kl"))
 
     def on_step_end(self, args, state, control, **kwargs):
-        metrics = self.trainer._metrics["train"]
-        values = metrics["kl"][self._seen :]  # one per micro-batch, already averaged over processes
+        values = self.trainer.logged_values("kl")[self._seen :]  # one per micro-batch, averaged over processes
         self.trainer.log_metrics({"kl_coef": self.trainer.beta}, mode="train")  # what this step trained with
         if values:
             measured = sum(float(v) for v in values) / len(values)

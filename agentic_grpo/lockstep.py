@@ -4,7 +4,7 @@ Under those engines every forward pass is a collective (each layer's parameters 
 processes), so every process must run the same number of forward passes. `generate` keeps that true inside one
 call (`synced_gpus`: a process whose rows have stopped keeps stepping until all have). Across the turns of a
 multi-turn rollout nothing does, since each process's trajectories end at their own turns: the rollout asks
-`any_process_live` every turn and a process with nothing left to generate runs an idle turn, so no process waits
+`live_on_any_process` every turn and a process with nothing left to generate runs an idle turn, so no process waits
 in a collective that the others have left.
 """
 
@@ -26,7 +26,7 @@ def needs_lockstep(model: Any) -> bool:
     return world > 1 and (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
 
 
-def any_process_live(live_here: int) -> bool:
+def live_on_any_process(live_here: int) -> bool:
     """Whether any process still has a live trajectory (a collective: every process calls it once per turn)."""
     device = torch.device("cpu")
     if torch.distributed.get_backend() == "nccl":  # NCCL reduces CUDA tensors only

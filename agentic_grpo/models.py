@@ -228,3 +228,10 @@ def model_init_kwargs(config: Any, model_config: Any) -> dict[str, Any]:
     if model_config.model_revision not in (None, "main"):
         kwargs.setdefault("revision", model_config.model_revision)
     return kwargs
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether `model` is a PEFT model (a policy trained as adapters)."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)

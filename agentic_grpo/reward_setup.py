@@ -161,6 +161,32 @@ def returning_none_on_error(func: Callable) -> Callable:
     return _marked(guarded, func)
 
 
+def score_trajectories(
+    rewards: list, trajectories: list[Any], rows: list[dict[str, Any]]
+) -> dict[str, list[float | None]]:
+    """Every reward's score of every trajectory (None where a reward gave none), called as TRL calls the recipe's
+    rewards: prompts, completions, completion ids, `trajectory=` and each row's columns (a column some row lacks
+    is None there); async rewards awaited. The one way rewards are called outside TRL's own step (evaluation,
+    the reward audit, co-trained roles)."""
+    import asyncio
+
+    columns = {key: [row.get(key) for row in rows] for key in {k: None for row in rows for k in row}}
+    inputs = {
+        "prompts": [t.prompt for t in trajectories],
+        "completions": [[{"role": "assistant", "content": t.completion_text}] for t in trajectories],
+        "completion_ids": [t.completion_ids for t in trajectories],
+        "trajectory": trajectories,
+        **columns,
+    }
+    scores = {}
+    for func in rewards:
+        values = func(**inputs)
+        if inspect.isawaitable(values):
+            values = asyncio.run(values)
+        scores[func.__name__] = [None if v is None else float(v) for v in values]
+    return scores
+
+
 def _marked(guarded: Callable, func: Callable) -> Callable:
     """The wrapper named as `func` and carrying what the trainer's start-up checks read from it: a group-mode
     judge's `needs_whole_groups` is a property of its class, which `functools.wraps` does not copy."""

@@ -123,10 +123,14 @@ class RolloutManager:
         try:
             for row in rows:
                 environments.append(self.open_environment(row))
+            for i, (environment, _) in enumerate(environments):
+                observation = getattr(environment, "reset_observation", None)
+                if observation:  # a TRL environment's reset text joins the last user message, as TRL does
+                    trajectories[i] = self.start(with_observation(prompts[i], observation))
             with session():
                 for _ in range(self.limits.max_turns):
                     live = [i for i, t in enumerate(trajectories) if t.finish_reason == "running"]
-                    if not any_process_live(backend, len(live)):
+                    if not turn_is_due(backend, len(live)):
                         break
                     if not live:  # other processes still generate, in collectives this one must join
                         backend.idle_turn(self.limits.max_tokens_per_turn)
@@ -142,6 +146,10 @@ class RolloutManager:
             for t in trajectories:
                 if t.finish_reason == "running":
                     t.finish_reason = "max_turns"
+            for t, (environment, _) in zip(trajectories, environments, strict=True):
+                final_reward = getattr(environment, "final_reward", None)
+                if final_reward is not None:  # what the environment pays from its own state (TRL's `get_reward`)
+                    t.environment_reward = final_reward()
         finally:
             self._close_all(environments)
         return trajectories, stats
@@ -358,7 +366,21 @@ def user_turn_wrapper(tokenizer: Any) -> tuple[str, str]:
     return prefix, suffix
 
 
-def any_process_live(backend: GenerationBackend, live_here: int) -> bool:
+def with_observation(prompt: Any, observation: str) -> Any:
+    """`prompt` (a chat or a string) with `observation` appended to its last message, as TRL appends what an
+    environment's `reset` returns."""
+    if isinstance(prompt, str):
+        return prompt + observation
+    last = prompt[-1]
+    content = last["content"]
+    if isinstance(content, list):
+        content = [*content, {"type": "text", "text": observation}]
+    else:
+        content = content + observation
+    return [*prompt[:-1], {**last, "content": content}]
+
+
+def turn_is_due(backend: GenerationBackend, live_here: int) -> bool:
     """Whether a turn is due: this process has live trajectories, or, for a backend whose processes decode in
     lockstep (`agentic_grpo.lockstep`), any process has."""
     ask = getattr(backend, "any_process_live", None)

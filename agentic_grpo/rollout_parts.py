@@ -15,14 +15,19 @@ from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.plugins import PluginError, import_object
 from agentic_grpo.rollout import RolloutLimits, RolloutManager
+from agentic_grpo.trl_environment import as_tool_environment, is_trl_environment
 
 
 def load_environment(path: str | type, allow_no_tools: bool = False) -> type[ToolEnvironment]:
     """The environment class named by a recipe (or given), checked to be a `ToolEnvironment` with valid tool
-    schemas; one without tools only when `allow_no_tools` (an agent whose tools are sub-agents, or none)."""
+    schemas; one without tools only when `allow_no_tools` (an agent whose tools are sub-agents, or none). A class
+    written for TRL's `environment_factory` comes back wrapped (`agentic_grpo.trl_environment`)."""
     cls = path if isinstance(path, type) else import_object(path, what="environment")
+    if is_trl_environment(cls):  # written for TRL's `environment_factory`: run under this contract
+        cls = as_tool_environment(cls)
     if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
-        raise PluginError(f"environment `{path}` is not a subclass of agentic_grpo.ToolEnvironment")
+        raise PluginError(f"environment `{path}` is neither a subclass of agentic_grpo.ToolEnvironment nor an "
+                          "environment written for TRL's `environment_factory` (a class with `reset`)")  # fmt: skip
     if not cls.tools() and not allow_no_tools:
         raise PluginError(f"environment `{path}` has no tools: add public methods with type hints and docstrings")
     cls.tool_schemas()  # raises, naming the tool, when a docstring or hint is missing

@@ -13,12 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentic_grpo.experimental import EXPERIMENTAL_FORMAT_OPTIONS, ExperimentalConfig
-from agentic_grpo.formats import load_format
+from agentic_grpo.formats import EXPERIMENTAL_FORMAT_OPTIONS, load_format
 from agentic_grpo.plugins import PluginError, check_options
 from agentic_grpo.rollout import RolloutLimits
 from agentic_grpo.rollout_parts import RolloutParts, load_environment
-from agentic_grpo.subagents.spec import build_subagents
 
 
 @dataclass
@@ -82,10 +80,15 @@ def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dic
 def build_rollout_parts(config: Any, tools_required: bool = True) -> RolloutParts:
     """The rollout side of a recipe's `AgenticGRPOConfig` (sub-agents included); raises ValueError naming what is
     wrong. `tools_required=False` for a sub-agent, which may be a model that only answers."""
-    agents = build_subagents(getattr(config, "subagents", None), config, build_rollout_parts)
+    agents: list[Any] = []
+    if getattr(config, "subagents", None):  # the sub-agent package loads only for a recipe that has sub-agents
+        from agentic_grpo.subagents.spec import build_subagents
+
+        agents = build_subagents(config.subagents, config, build_rollout_parts)
     environment = load_environment(config.environment, allow_no_tools=True)
     kwargs = dict(config.environment_kwargs or {})
-    check_options(environment, kwargs, f"environment `{config.environment}` (recipe field `environment_kwargs`)")
+    check_options(getattr(environment, "wrapped", environment), kwargs,
+                  f"environment `{config.environment}` (recipe field `environment_kwargs`)")  # fmt: skip
     clash = sorted(set(environment.tools()) & {a.name for a in agents})
     if clash:
         raise PluginError(f"sub-agent name(s) {clash} are also tools of `{config.environment}`: rename the sub-agent")
@@ -98,8 +101,11 @@ def build_rollout_parts(config: Any, tools_required: bool = True) -> RolloutPart
     if experimental:
         raise PluginError(f"format_kwargs {experimental} are experimental options: set them under `experimental:` "
                           "(agentic_grpo.experimental)")  # fmt: skip
-    experiments = ExperimentalConfig.from_recipe(getattr(config, "experimental", None))
-    trajectory_format = load_format(config.format, schemas, **format_kwargs, **experiments.format_kwargs())
+    if getattr(config, "experimental", None):  # the experimental package loads only for a recipe that uses it
+        from agentic_grpo.experimental import ExperimentalConfig
+
+        format_kwargs.update(ExperimentalConfig.from_recipe(config.experimental).format_kwargs())
+    trajectory_format = load_format(config.format, schemas, **format_kwargs)
     sandbox = None
     if environment.needs_sandbox or any(a.parts.sandbox is not None for a in agents):
         from agentic_grpo.sandbox.config import SandboxConfig

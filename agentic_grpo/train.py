@@ -99,11 +99,10 @@ def prepare(argv: list[str]) -> PreparedRun:
     from trl import get_peft_config
 
     from agentic_grpo.data import add_prompts
-    from agentic_grpo.experimental.choice_gradient import CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT
-    from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT
     from agentic_grpo.models import model_init_kwargs, resolve_model
     from agentic_grpo.run_parts import build_recipe
     from agentic_grpo.trainer_checks import check_trainer_setup
+    from agentic_grpo.trainer_layers import check_layers
     from agentic_grpo.vllm_backend import NO_CONSTRAINED_ACTIONS
 
     use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group
@@ -124,11 +123,7 @@ def prepare(argv: list[str]) -> PreparedRun:
     slot = getattr(parts.trajectory_format, "action_choices", None)
     if config.use_vllm and slot:
         raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code
-    experiments = config.experiments
-    if experiments.spread_first_action and not slot:
-        raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
-    if experiments.choice_gradient_weight and not (slot and slot.canonical):
-        raise ValueError(CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT)
+    check_layers(config, parts)
     train, test = built.train, built.test
     skip_evaluation_of_a_short_run(config, argv)
     if config.eval_before_after:
@@ -153,7 +148,7 @@ def prepare(argv: list[str]) -> PreparedRun:
 
 def run(prepared: PreparedRun) -> int:
     from agentic_grpo.run_files import write_run_status
-    from agentic_grpo.trainer import AgenticGRPOTrainer
+    from agentic_grpo.trainer_layers import trainer_class
 
     config, model_path, rewards, test = prepared.config, prepared.model_path, prepared.rewards, prepared.test
 
@@ -161,7 +156,7 @@ def run(prepared: PreparedRun) -> int:
     # With `eval_strategy: steps` and `eval_steps: N`, TRL scores the held-out split every N
     # steps through the same rollouts (logged as eval_*); otherwise it is left alone.
     evaluating = config.eval_strategy != "no"
-    trainer = AgenticGRPOTrainer(
+    trainer = trainer_class(config, prepared.rollout_parts)(
         model=model_path, reward_funcs=rewards, args=config, train_dataset=prepared.train,
         rollout_parts=prepared.rollout_parts, peft_config=prepared.peft_config,
         quantization_config=prepared.quantization_config, eval_dataset=test if evaluating else None,

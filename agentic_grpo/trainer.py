@@ -11,10 +11,14 @@ training step, in order:
 3. `_calculate_rewards` (TRL's, wrapped): the rewards score each trajectory; a missing reward (`None`) is
    filled with its group's mean, and each trajectory records what it was paid.
 4. Advantages, one step in one order (`_advantages`): TRL's group advantage of the outcome, then per-turn credit
-   (recipe field `advantage`), then co-trained sub-agents' own group advantages over their children.
-5. `compute_loss`: TRL's loss, plus co-trained roles' losses (and, experimental, the choice-gradient term).
-   Every read of the trajectories numbers positions from the attention mask, as the sampler does
+   (recipe field `advantage`).
+5. `compute_loss`: TRL's loss, read in pieces recomputed in backward (`agentic_grpo.chunked_logps`). Every read
+   of the trajectories numbers positions from the attention mask, as the sampler does
    (`_get_per_token_logps_and_entropies`, `agentic_grpo.positions`).
+
+This trainer is the policy's alone. Sub-agents (`agentic_grpo.subagents.layer`) and experiments
+(`agentic_grpo.experimental.layer`) are layers: subclasses that extend these steps, composed for a recipe by
+`agentic_grpo.trainer_layers.trainer_class`. This module imports neither.
 
 Metrics enter TRL's logs in one place, `log_metrics`. The private TRL/transformers methods this trainer
 overrides or calls are listed in `PRIVATE_SEAMS`; a test checks their signatures against the installed TRL.
@@ -45,13 +49,6 @@ from agentic_grpo.data import with_row
 from agentic_grpo.dropout import dropout_off
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.epoch_order import ResumableOrder
-from agentic_grpo.experimental.choice_gradient import (
-    choice_loss,
-    choice_targets,
-    choice_tokens,
-    recorded_hidden_states,
-)
-from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT, spread_over_groups
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.host_memory import release_freed_memory
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
@@ -64,10 +61,10 @@ from agentic_grpo.rollout_parts import RolloutParts
 from agentic_grpo.run_files import RunFilesCallback, trajectory_records
 from agentic_grpo.run_parts import build_rollout_parts
 from agentic_grpo.selection import batch_selection_metrics
-from agentic_grpo.subagents.usage import subagent_metrics
 from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_trainer_setup
 from agentic_grpo.trajectory import Trajectory
+from agentic_grpo.trl_environment import tool_environment_factory, with_environment_reward
 from agentic_grpo.vllm_backend import VLLMBackend, engine_as_the_policy
 from agentic_grpo.vllm_server import install_server_generation, trl_without_weight_transfer
 from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
@@ -128,7 +125,8 @@ def nan_if_none(value: float | None) -> float:
 
 
 class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, ChunkedLogps, GRPOTrainer):
-    """GRPO on multi-turn tool-use trajectories.
+    """GRPO on multi-turn tool-use trajectories. A recipe with sub-agents or experiments needs the trainer class
+    with their layers: `agentic_grpo.trainer_layers.trainer_class(args, rollout_parts)`.
 
     Args:
         model: model id/path or a loaded model (as for TRL's `GRPOTrainer`).
@@ -137,7 +135,8 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         train_dataset: rows with a conversational `prompt` (see `agentic_grpo.data.add_prompts`).
         rollout_parts: the recipe's environment, format, budgets and sandbox, built once
             (`agentic_grpo.run_parts.build_rollout_parts`); default: built from `args`.
-        environment_factory: builds one tool environment per trajectory, instead of the parts' environment.
+        environment_factory: builds one tool environment per trajectory, instead of the parts' environment: a
+            `ToolEnvironment`, or an environment written for TRL's `environment_factory` (`reset(**kwargs)`).
         trajectory_format: instead of the parts' format.
         generation_backend: default: HF `generate` on the policy.
         **kwargs: passed to `GRPOTrainer` (eval_dataset, processing_class, peft_config, callbacks, ...).
@@ -150,12 +149,16 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         args: AgenticGRPOConfig,
         train_dataset: Any,
         rollout_parts: RolloutParts | None = None,
-        environment_factory: Callable[[], ToolEnvironment] | None = None,
+        environment_factory: Callable[[], Any] | None = None,
         trajectory_format: TrajectoryFormat | None = None,
         generation_backend: GenerationBackend | None = None,
         **kwargs: Any,
     ) -> None:
         parts = rollout_parts or build_rollout_parts(args)
+        if environment_factory is not None:  # a factory of either contract (`agentic_grpo.trl_environment`)
+            environment_factory = tool_environment_factory(environment_factory)
+        environment_class = getattr(environment_factory, "environment_class", parts.environment)
+        reward_funcs = with_environment_reward(environment_class, reward_funcs, args)
         lora = kwargs.get("peft_config") is not None or hasattr(model, "peft_config")
         check_trainer_setup(args, reward_funcs, parts.all_agents(), peft=lora)
         reward_funcs = guard_rewards(reward_funcs, args.on_reward_error)
@@ -170,12 +173,16 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
                 environment_factory=environment_factory or parts.environment_factory,
                 trajectory_format=trajectory_format or parts.trajectory_format,
             )
+        layers = {getattr(cls, "layer", None) for cls in type(self).__mro__}
+        needed = {"subagents": bool(parts.agents), "experimental": bool(args.experimental)}
+        missing = sorted(name for name, need in needed.items() if need and name not in layers)
+        if missing:
+            raise ValueError(
+                f"this recipe uses {' and '.join(missing)}, which `{type(self).__name__}` has no layer for: build the "
+                "trainer from `agentic_grpo.trainer_layers.trainer_class(args, rollout_parts)`"
+            )
         self.rollout_parts = parts
         self.trajectory_format = parts.trajectory_format
-        self.experiments = args.experiments
-        slot = getattr(parts.trajectory_format, "action_choices", None)
-        if self.experiments.spread_first_action and slot is None:
-            raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
         # vLLM: the colocated engine in the policy's dtype; in server mode with LoRA, no NCCL weight transfer.
         with engine_as_the_policy(args, model), trl_without_weight_transfer(args, lora):
             super().__init__(
@@ -192,14 +199,6 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
             weakref.finalize(self, self.sandbox_pool.close)
         self.rollout_manager = parts.rollout_manager(self.processing_class, self.sandbox_pool)
         check_token_round_trip(self.rollout_manager, self.processing_class, self.eos_token_ids)  # a canary
-        self.choice_tokens = None  # the first action slot's choices, for the experimental `choice_gradient_weight`
-        if self.experiments.choice_gradient_weight:
-            self.choice_tokens = choice_tokens(self.processing_class, slot)
-        self.cotraining = None  # sub-agents trained with the policy, each on its own adapter
-        if parts.agents:  # sub-agents on the policy's base model: their adapters join it before training wraps it
-            from agentic_grpo.subagents.cotrain import CoTraining
-
-            self.cotraining = CoTraining.for_trainer(self, parts.all_agents())
         # One backend for the trainer's life: HF `generate` on the policy, or TRL's vLLM engine.
         self.generation_backend = generation_backend or (VLLMBackend(self) if self.use_vllm else TrainerBackend(self))
         self._last_trajectory_step: int | None = None  # the step whose trajectory file was written last
@@ -252,9 +251,8 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
 
     def _advantages(self, inputs: list[dict[str, Any]], rows: list[dict[str, Any]], output: dict[str, Any]) -> None:
         """The one advantage step, in this order: TRL's group advantage of each trajectory's outcome (already in
-        `output["advantages"]`), then per-token credit per turn (recipe field `advantage`), then each co-trained
-        sub-agent's children with their own group advantages (`output["role_samples"]`). The experimental choice
-        gradient adds its slot targets (`output["choice_slots"]`, `["choice_targets"]`)."""
+        `output["advantages"]`), then per-token credit per turn (recipe field `advantage`). Layers add theirs after
+        (`rows`: each row's dataset columns)."""
         mode = "train" if self.model.training else "eval"
         trajectories = [row["trajectory"] for row in inputs]
         tokens, metrics = assign_turn_credit(
@@ -273,15 +271,6 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         if tokens is not None:
             output["advantages"] = tokens
         self.log_metrics(metrics)
-        if self.cotraining is not None:  # each trained sub-agent's children, with their own group advantages
-            with dropout_off(self.model):
-                output["role_samples"] = self.cotraining.samples_for(inputs, mode)
-        if self.choice_tokens is not None and self.model.training:
-            slots, targets = choice_targets(
-                trajectories, rows, self.processing_class, self.trajectory_format.action_choices, self.choice_tokens
-            )
-            device = output["completion_ids"].device
-            output["choice_slots"], output["choice_targets"] = slots.to(device), targets.to(device)
 
     def log_metrics(self, values: dict[str, float], mode: str | None = None, replace: bool = False) -> None:
         """The one place this trainer's metrics enter TRL's logs (`mode`: default from the model's mode), where
@@ -294,27 +283,21 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
             elif metrics.get(name):
                 metrics[name][-1] = value
 
+    def logged_values(self, name: str, mode: str = "train") -> list[float]:
+        """The values logged under `name` since TRL last wrote its logs (it averages them there)."""
+        return list(self._metrics[mode].get(name, ()))
+
     def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
         rows = [getattr(prompt, "row", None) for prompt in prompts]
         if any(row is None for row in rows):
             raise RuntimeError("rollout_func got prompts without their dataset rows: roll out through the trainer "
                                "(`train()`, `generate_and_score`)")  # fmt: skip
-        first_actions = None
-        if self.experiments.spread_first_action and self.model.training:
-            continuations = self.trajectory_format.action_choices.continuations
-            first_actions = spread_over_groups([repr(prompt) for prompt in prompts], continuations)
         # Freed host memory back to the system before the rollout (the last step's backward) and after it (its
         # key/value caches), so that each phase starts from what the process holds (`agentic_grpo.host_memory`).
         release_freed_memory(self.accelerator.device)
-        trajectories, stats = self.rollout_manager.rollout(prompts, rows, self.generation_backend, first_actions)
+        trajectories, stats = self._sample(prompts, rows)
         release_freed_memory(self.accelerator.device)
-        metrics = rollout_metrics(trajectories, stats, self._sum_over_processes)
-        metrics.update(batch_selection_metrics(trajectories, rows, self.rollout_parts, self._sum_over_processes))
-        if self.rollout_parts.agents:
-            metrics.update(subagent_metrics(trajectories, self._sum_over_processes))
-        if self.sandbox_pool is not None:  # sandbox/downgraded, sandbox/cgroup: a silent fallback shows in the logs
-            metrics.update(self.sandbox_pool.metrics())
-        self.log_metrics(metrics)
+        self.log_metrics(self._rollout_metrics(trajectories, stats, rows))
         return {
             "prompt_ids": [t.prompt_ids for t in trajectories],
             "completion_ids": [t.completion_ids for t in trajectories],
@@ -322,6 +305,18 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
             "env_mask": [masked_loss_mask(t, self.mask_truncated_by_finish_reason) for t in trajectories],
             "trajectory": trajectories,
         }
+
+    def _sample(self, prompts: list[Any], rows: list[dict[str, Any]]) -> tuple[list[Trajectory], Any]:
+        """The rollout manager's trajectories for `prompts` (each with its dataset row) and its statistics."""
+        return self.rollout_manager.rollout(prompts, rows, self.generation_backend)
+
+    def _rollout_metrics(self, trajectories: list[Trajectory], stats: Any, rows: list[dict[str, Any]]) -> dict:
+        """The rollout's metrics, summed over processes (collective: every process calls it)."""
+        metrics = rollout_metrics(trajectories, stats, self._sum_over_processes)
+        metrics.update(batch_selection_metrics(trajectories, rows, self.rollout_parts, self._sum_over_processes))
+        if self.sandbox_pool is not None:  # sandbox/downgraded, sandbox/cgroup: a silent fallback shows in the logs
+            metrics.update(self.sandbox_pool.metrics())
+        return metrics
 
     def _sum_over_processes(self, counts: list[float]) -> list[float]:
         """Counts summed element-wise over every process (collective: every process calls it)."""
@@ -365,55 +360,15 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         return filled
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss for the policy's rows, plus each co-trained sub-agent's loss over those rows' children (computed
-        first: back-propagated one child at a time when `CoTraining.backward` allows)."""
-        if self.cotraining is None:
-            return self._policy_loss(model, inputs, return_outputs, num_items_in_batch)
-        role_losses = self.cotraining.losses(model, inputs.get("role_samples", []), self.cotraining.backward())
-        loss = self._policy_loss(model, inputs, return_outputs, num_items_in_batch)
-        self.cotraining.log_policy_loss(loss)
-        return loss + sum(role_losses.values())
-
-    def _policy_loss(self, model, inputs, return_outputs, num_items_in_batch):
-        """TRL's loss, its read of the rows in pieces recomputed in backward (`agentic_grpo.chunked_logps`), plus
-        under the experimental `choice_gradient_weight` the exact gradient of the tool-choice reward at the first
-        action slots, from the hidden states of TRL's own forward pass (agentic_grpo.experimental.choice_gradient)."""
-        if "choice_slots" not in inputs or not model.training:
-            with self.loss_read():
-                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        unwrapped = self.accelerator.unwrap_model(model)
-        with recorded_hidden_states(unwrapped) as hidden, self.loss_read():
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        term, probability = choice_loss(
-            hidden, inputs["completion_ids"].size(1), inputs["choice_slots"], inputs["choice_targets"],
-            unwrapped.get_output_embeddings(), self.choice_tokens,
-        )  # fmt: skip
-        gathered = self.accelerator.gather(probability.to(loss.device).reshape(1))
-        self.log_metrics({"tools/choice_probability": gathered.nanmean().item()}, mode="train")
-        weight = self.experiments.choice_gradient_weight
-        return loss + weight * term / self.current_gradient_accumulation_steps
+        """TRL's loss, its read of the rows in pieces recomputed in backward (`agentic_grpo.chunked_logps`)."""
+        with self.loss_read():
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         """TRL's read of the trajectories (policy, old policy, reference, co-trained roles), with position ids
         numbered from the attention mask, as generation numbers them."""
         with positions_from_mask(model):
             return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-
-    def create_optimizer(self, model: Any = None) -> Any:
-        """The Trainer's optimizer, with each co-trained sub-agent's adapter in parameter groups of its own (its
-        `learning_rate`). Built before any step, so there is no optimizer state to move."""
-        optimizer = super().create_optimizer(model)
-        if self.cotraining is not None:
-            self.cotraining.split_param_groups(optimizer, model or self.model)
-        return optimizer
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        """The Trainer loads every adapter of a checkpoint but leaves only the active one trainable; co-trained
-        sub-agents' adapters train on after a resume too."""
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        if self.cotraining is not None:
-            self.cotraining.restore_policy_adapter(resume_from_checkpoint)
-            self.cotraining.make_trainable()
 
     def _log_raw_reward_means(self, inputs: list[dict[str, Any]]) -> None:
         """`rewards/<name>/mean` and `/std` over the trajectories each reward really scored (not the filled values)."""

@@ -12,7 +12,6 @@ from typing import Any
 
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.sampling_distribution import filters_of
-from agentic_grpo.subagents.sources import PolicySource
 
 
 def check_trainer_setup(
@@ -66,7 +65,7 @@ def check_trainer_setup(
             "`vllm_importance_sampling_correction: false`"
         )
     sharded = sharded_policy(args)
-    on_policy = [agent.name for agent in agents if isinstance(getattr(agent, "source", None), PolicySource)]
+    on_policy = [agent.name for agent in agents if getattr(agent, "on_policy_model", False)]
     if sharded and on_policy:
         # A sub-agent's turns run inside the parent's tool turn, only on the processes whose trajectories called
         # it: under a sharded policy each of its forward passes is a collective the other processes never join.

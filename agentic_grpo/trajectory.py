@@ -131,6 +131,8 @@ class Trajectory:
 
     reward: float | None = None
     """The weighted reward the advantage was computed from (a missing reward counted as its group's mean)."""
+    environment_reward: float | None = None
+    """What the environment paid for the trajectory from its own state (a TRL environment's `get_reward()`)."""
     notes: dict[str, Any] = field(default_factory=dict)
     """What rewards recorded about this trajectory (e.g. a judge's raw reply), saved with it."""
     children: list[Trajectory] = field(default_factory=list)

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from agentic_grpo.backends import Generation, cut_generation
-from agentic_grpo.subagents.adapters import is_peft_model
+from agentic_grpo.models import is_peft_model
 
 NO_CONSTRAINED_ACTIONS = (
     "format_kwargs `constrain_actions` holds decoding to the tools' names with a logits processor of the "

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentic_grpo.canaries import canary_limit
     from agentic_grpo.resources import find_shipped
     from agentic_grpo.train import prepare
-    from agentic_grpo.trainer import AgenticGRPOTrainer
+    from agentic_grpo.trainer_layers import trainer_class
 
     with tempfile.TemporaryDirectory(prefix="agentic-grpo-canary-") as output_dir:
         recipe = str(find_shipped(args.recipe, "recipes", ".yaml"))
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--eval_before_after", "false", "--report_to", "none", "--save_trajectories_steps", "0"])  # fmt: skip
         base = AutoModelForCausalLM.from_pretrained(run.model_path, **(run.config.model_init_kwargs or {}))
         model = PeftModel.from_pretrained(base, args.adapter, is_trainable=True)
-        trainer = AgenticGRPOTrainer(model=model, reward_funcs=run.rewards, args=run.config, train_dataset=run.train,
+        trainer = trainer_class(run.config, run.rollout_parts)(model=model, reward_funcs=run.rewards, args=run.config, train_dataset=run.train,
                                      rollout_parts=run.rollout_parts)  # fmt: skip
         limit = canary_limit(trainer)  # the default for this set-up, before the arms lift it to read every gap
         trainer.args.canary_logprob_limit = float("inf")

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentic_grpo.resources import find_shipped
     from agentic_grpo.train import prepare
-    from agentic_grpo.trainer import AgenticGRPOTrainer
+    from agentic_grpo.trainer_layers import trainer_class
 
     peaks = PhasePeaks()
     with tempfile.TemporaryDirectory(prefix="agentic-grpo-memory-") as output_dir:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         run = prepare_run(padded)
         tokens = prompt_tokens(run)
         peaks.enter("model and trainer set-up")
-        trainer = AgenticGRPOTrainer(model=run.model_path, reward_funcs=run.rewards, args=run.config,
+        trainer = trainer_class(run.config, run.rollout_parts)(model=run.model_path, reward_funcs=run.rewards, args=run.config,
                                      train_dataset=run.train, rollout_parts=run.rollout_parts,
                                      peft_config=run.peft_config)  # fmt: skip
         trainer.rollout_func = peaks.wrap("rollout (generation and tools)", trainer.rollout_func)

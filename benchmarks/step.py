@@ -115,10 +115,10 @@ def step_timer() -> Any:
 
 
 def train_ours(prepared: Any, model_path: str, dataset: Any, recorded: dict[str, list]) -> tuple[list, list]:
-    from agentic_grpo.trainer import AgenticGRPOTrainer
+    from agentic_grpo.trainer_layers import trainer_class
 
     timer = step_timer()
-    trainer = AgenticGRPOTrainer(model=model_path, reward_funcs=prepared.rewards, args=prepared.config,
+    trainer = trainer_class(prepared.config, prepared.rollout_parts)(model=model_path, reward_funcs=prepared.rewards, args=prepared.config,
                                  train_dataset=dataset, rollout_parts=prepared.rollout_parts,
                                  peft_config=prepared.peft_config, callbacks=[timer])  # fmt: skip
     trainer.rollout_manager = Replay(recorded)

@@ -131,10 +131,11 @@ def build_trainer(
     *,
     scripts: dict[str, list[str]] | None = None,
     peft_config: Any = None,
+    environment_factory: Any = None,
     stepped_by_hand: bool = True,
     **config: Any,
 ):
-    """An `AgenticGRPOTrainer` on `rows`, its config `TRAINER_DEFAULTS` updated with `config`.
+    """An `AgenticGRPOTrainer` (with the layers the config needs) on `rows`, its config `TRAINER_DEFAULTS` updated with `config`.
 
     `scripts`: a `ScriptedBackend` plays them instead of the model generating (`tests.scripted`).
     `stepped_by_hand`: the test calls `generate_and_score` / `compute_loss` itself, around the
@@ -143,12 +144,13 @@ def build_trainer(
     from datasets import Dataset
 
     from agentic_grpo.config import AgenticGRPOConfig
-    from agentic_grpo.trainer import AgenticGRPOTrainer
+    from agentic_grpo.trainer_layers import trainer_class
     from tests.scripted import ScriptedBackend
 
     args = AgenticGRPOConfig(**{**TRAINER_DEFAULTS, "output_dir": str(output_dir), **config})
-    trainer = AgenticGRPOTrainer(model=str(model_dir), reward_funcs=list(reward_funcs), args=args,
-                                 train_dataset=Dataset.from_list(rows), peft_config=peft_config)  # fmt: skip
+    trainer = trainer_class(args)(model=str(model_dir), reward_funcs=list(reward_funcs), args=args,
+                                 train_dataset=Dataset.from_list(rows), peft_config=peft_config,
+                                    environment_factory=environment_factory)  # fmt: skip
     if scripts is not None:
         trainer.generation_backend = ScriptedBackend(trainer.processing_class, scripts)
     if stepped_by_hand:

@@ -10,6 +10,7 @@ child shares its root's, so both roles get non-zero advantages.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,20 @@ def test_advantages_are_grouped_by_query_per_role():
     assert first[0] > 0 > first[1] == first[2] and sum(first) == pytest.approx(0, abs=1e-6)
     assert rows[2][0].advantage == rows[3][0].advantage == 0.0 and rows[3][1].advantage == 0.0
     assert summary["a"]["samples"] == 5 and summary["b"] == {"reward": 5.0, "samples": 1.0}
+
+
+def test_a_roles_reward_that_gives_none_counts_as_its_groups_mean_not_zero():
+    """Two role rewards (already weighted); G=2. The first reward gave None for three of the four children."""
+    nan = math.nan
+    scores = [(0.5, 2.0), (nan, 4.0), (nan, 1.0), (nan, 3.0)]
+    rows = [
+        [ChildSample("a", [1], [2], [1], reward=root, role_scores=own)]
+        for root, own in zip((1, 1, 0, 0), scores, strict=True)
+    ]
+    assign_advantages(rows, group_size=2, first_row=0, scale_rewards="none")
+    # Group {0, 1}: the None is filled with the group's 0.5. Group {2, 3}: None throughout, 0 for both.
+    assert [row[0].reward for row in rows] == [3.5, 5.5, 1.0, 3.0]
+    assert [row[0].advantage for row in rows] == [-1.0, 1.0, -1.0, 1.0]  # counted as 0, the first gap would be 1.5
 
 
 def test_a_roles_own_rewards_add_to_the_shared_one(tiny_model_dir, tmp_path):

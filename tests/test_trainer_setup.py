@@ -198,8 +198,13 @@ def test_sub_agents_on_a_sharded_policy_and_vllm_lora_under_fsdp_are_refused(mon
 
     layout = SimpleNamespace(per_device_train_batch_size=8, steps_per_generation=1, num_generations=4, world_size=2,
                              use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1)  # fmt: skip
-    on_policy = SimpleNamespace(name="helper", train=False, source=object.__new__(PolicySource))
-    own_model = SimpleNamespace(name="other", train=False, source=object.__new__(ModelSource))
+    from agentic_grpo.subagents.agent import SubAgent
+
+    # What the check reads of a sub-agent: whether the policy's own model generates its turns.
+    assert SubAgent.on_policy_model.fget(SimpleNamespace(source=object.__new__(PolicySource))) is True
+    assert SubAgent.on_policy_model.fget(SimpleNamespace(source=object.__new__(ModelSource))) is False
+    on_policy = SimpleNamespace(name="helper", train=False, on_policy_model=True)
+    own_model = SimpleNamespace(name="other", train=False, on_policy_model=False)
     check_trainer_setup(layout, [exact], [on_policy])  # DDP: every process holds the whole policy
     zero3 = SimpleNamespace(**{**vars(layout), "deepspeed": {"zero_optimization": {"stage": 3}}})
     with pytest.raises(ValueError, match=r"\['helper'\].*under DeepSpeed ZeRO-3 every forward pass needs all 2"):

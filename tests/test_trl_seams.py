@@ -95,7 +95,16 @@ def test_each_kind_of_change_is_reported_naming_the_seam():
 
 
 def test_every_private_method_the_trainer_overrides_is_in_the_table():
-    ours = (AgenticGRPOTrainer, *AgenticGRPOTrainer.__mro__[1 : AgenticGRPOTrainer.__mro__.index(GRPOTrainer)])
+    """Every class between GRPOTrainer and the trainer with all its layers (sub-agents, experiments)."""
+    from types import SimpleNamespace
+
+    from agentic_grpo.experimental.layer import ExperimentsLayer
+    from agentic_grpo.subagents.layer import SubAgentsLayer
+    from agentic_grpo.trainer_layers import trainer_class
+
+    layered = trainer_class(SimpleNamespace(experimental={"spread_first_action": True}, subagents=[{"name": "a"}]))
+    ours = layered.__mro__[: layered.__mro__.index(GRPOTrainer)]
+    assert {SubAgentsLayer, ExperimentsLayer, AgenticGRPOTrainer} <= set(ours)
     assert {ResumeCanary, ResumableOrder, AtomicCheckpoints, ChunkedLogps} <= set(ours)
     overridden = {
         f"{'GRPOTrainer' if name in vars(GRPOTrainer) else 'Trainer'}.{name}"

@@ -139,7 +139,7 @@ def audit_recipe(
 ) -> AuditReport:
     """Audit the recipe's rewards on `limit` rows of its data (or of `data`); raises ValueError on bad input."""
     from agentic_grpo.config import read_recipe
-    from agentic_grpo.evaluate import score_trajectories
+    from agentic_grpo.reward_setup import score_trajectories
     from agentic_grpo.run_parts import build_recipe
 
     # No training happens: GPU-only settings (bf16 on a CPU machine, W&B) must not stop an audit.
@@ -283,7 +283,7 @@ def check_row(
 
 def check_mangled_reply(report: AuditReport, judge: Any, honest: Any, row: dict, sums: dict) -> None:
     """The judge, its server's reply mangled, on the honest trajectory: a score here would be invented."""
-    from agentic_grpo.evaluate import score_trajectories
+    from agentic_grpo.reward_setup import score_trajectories
 
     saved, saved_cache = judge.backend, getattr(judge, "cache_size", 0)
     judge.backend, judge.cache_size = MangledReplies(saved), 0

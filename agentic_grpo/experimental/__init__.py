@@ -80,6 +80,3 @@ class ExperimentalConfig:
         if self.action_temperature != 1.0:
             options["action_temperature"] = self.action_temperature
         return options
-
-
-EXPERIMENTAL_FORMAT_OPTIONS = ("canonical_actions", "action_temperature")

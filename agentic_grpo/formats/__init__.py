@@ -28,6 +28,10 @@ class Malformed:
 
 Parsed = ToolCall | FinalAnswer | Malformed
 
+EXPERIMENTAL_FORMAT_OPTIONS = ("canonical_actions", "action_temperature")
+"""Options of the constrained action slot that a recipe sets under `experimental:` (agentic_grpo.experimental),
+not in `format_kwargs`."""
+
 
 @dataclass(frozen=True)
 class ActionChoices:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentic_grpo.backends import TrainerBackend, TransformersBackend
+from agentic_grpo.models import is_peft_model
 
 BASE = "__base__"
 """The adapter name that means "the base model, every adapter disabled" (PEFT's own name for it)."""
@@ -36,12 +37,6 @@ def model_lock(model: Any) -> threading.RLock:
         if model not in _locks:
             _locks[model] = threading.RLock()
         return _locks[model]
-
-
-def is_peft_model(model: Any) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,9 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
   with its token ids and loss mask (its model tokens; all zero when a budget cut it and the run masks
   truncated completions).
 - Reward: shared. A child's reward is the weighted reward of the root trajectory it served, plus its role's
-  own rewards when the sub-agent's entry names some (`rewards:`, scoring the child on its sub-task row).
+  own rewards when the sub-agent's entry names some (`rewards:`, scoring the child on its sub-task row). A role
+  reward that gives None for a child counts as that reward's mean over the child's group, as a policy reward's
+  None does (`agentic_grpo.missing_rewards`).
 - Groups: a role's group is every call it answered under the G samples of one query (a parent that called
   it twice gives two samples). Advantage = (reward - group mean) / (group std + 1e-4), with TRL's
   `scale_rewards` (`group`, `batch`: std over all the role's samples, `none`: no division). A group of one
@@ -24,8 +26,6 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,6 +37,7 @@ from accelerate.utils import DistributedType, gather_object
 
 from agentic_grpo.canaries import CanaryError, canary_limit, likely_causes, logprob_agreement, sampler_disagreement
 from agentic_grpo.clipped import masked_loss_mask
+from agentic_grpo.reward_setup import score_trajectories
 from agentic_grpo.subagents.adapters import adapter_active
 from agentic_grpo.subagents.role_loss import ChildSample, completion_tensor, padded, role_loss
 from agentic_grpo.subagents.usage import descendants
@@ -126,47 +127,54 @@ def collect_samples(trajectories: list[Any], roles: list[Role], mask_truncated: 
         samples.append(mine)
     for role in roles:
         if role.rewards and children[role.name]:
-            extra = role_rewards(role.rewards, [child for _, child in children[role.name]])
-            for (sample, _), value in zip(children[role.name], extra, strict=True):
-                sample.reward += value
+            scores = role_rewards(role.rewards, [child for _, child in children[role.name]])
+            for (sample, _), own in zip(children[role.name], scores, strict=True):
+                sample.role_scores = own
     return samples
 
 
-def role_rewards(rewards: tuple[tuple[Any, float], ...], children: list[Any]) -> list[float]:
-    """The weighted sum of a role's own rewards for each child trajectory (a reward's None counts as 0), called
-    as the recipe's rewards are: prompts, completions, `trajectory=` and the sub-task rows' columns."""
-    rows = [child.delegation.row for child in children]
-    columns = {key: [row.get(key) for row in rows] for key in {k for row in rows for k in row}}
-    prompts = [child.prompt for child in children]
-    completions = [[{"role": "assistant", "content": child.completion_text}] for child in children]
-    total = [0.0] * len(children)
-    for func, weight in rewards:
-        scores = func(prompts=prompts, completions=completions, completion_ids=[c.completion_ids for c in children],
-                      trajectory=children, **columns)  # fmt: skip
-        if inspect.isawaitable(scores):
-            scores = asyncio.run(scores)
-        for i, score in enumerate(scores):
-            total[i] += weight * float(score) if score is not None else 0.0
-    return total
+def role_rewards(rewards: tuple[tuple[Any, float], ...], children: list[Any]) -> list[tuple[float, ...]]:
+    """Each child trajectory's scores from a role's own rewards, weighted (NaN where a reward gave None), called
+    as the recipe's rewards are (`score_trajectories`), on the sub-task rows' columns."""
+    funcs = [func for func, _ in rewards]
+    scores = score_trajectories(funcs, children, [child.delegation.row for child in children])
+    per_reward = [
+        [math.nan if score is None else weight * score for score in scores[func.__name__]] for func, weight in rewards
+    ]
+    return list(zip(*per_reward, strict=True)) if per_reward else [() for _ in children]
 
 
 def assign_advantages(
     samples: list[list[ChildSample]], group_size: int, first_row: int, scale_rewards: str
 ) -> dict[str, dict[str, float]]:
-    """Each sample's advantage within its role's group (module docstring); `first_row`: the global index of this
-    process's first row. Collective: every process calls it. Returns each role's reward and sample count."""
-    local = [(r.role, (first_row + i) // group_size, r.reward, float(sum(r.loss_mask)))
+    """Each sample's reward (its root's plus its role's own rewards, a missing one filled with its group's mean)
+    and advantage within its role's group (module docstring); `first_row`: the global index of this process's
+    first row. Collective: every process calls it. Returns each role's reward and sample count."""
+    local = [(r.role, (first_row + i) // group_size, r.reward, r.role_scores, float(sum(r.loss_mask)))
              for i, row in enumerate(samples) for r in row]  # fmt: skip
     everything = gather_object(local)
+    own: dict[tuple[str, int], list[tuple[float, ...]]] = defaultdict(list)
+    for role, group, _, scores, _ in everything:
+        own[role, group].append(scores)
+    # A role's reward that gave None counts as that reward's mean over the group, as the policy's missing rewards
+    # do (`agentic_grpo.missing_rewards`); missing throughout the group, it counts as 0 for every member.
+    fill = {key: [_nanmean(column) for column in zip(*rows, strict=True)] for key, rows in own.items()}
+
+    def total(role: str, group: int, reward: float, scores: tuple[float, ...]) -> float:
+        filled = (m if math.isnan(s) else s for s, m in zip(scores, fill[role, group], strict=True))
+        return reward + sum(0.0 if math.isnan(v) else v for v in filled)
+
     groups: dict[tuple[str, int], list[float]] = defaultdict(list)
     by_role: dict[str, list[float]] = defaultdict(list)
     tokens: dict[str, float] = defaultdict(float)
-    for role, group, reward, count in everything:
-        groups[role, group].append(reward)
-        by_role[role].append(reward)
+    for role, group, reward, scores, count in everything:
+        paid = total(role, group, reward, scores)
+        groups[role, group].append(paid)
+        by_role[role].append(paid)
         tokens[role] += count
     for i, row in enumerate(samples):
         for sample in row:
+            sample.reward = total(sample.role, (first_row + i) // group_size, sample.reward, sample.role_scores)
             rewards = groups[sample.role, (first_row + i) // group_size]
             mean = sum(rewards) / len(rewards)
             spread = by_role[sample.role] if scale_rewards == "batch" else rewards
@@ -175,6 +183,11 @@ def assign_advantages(
             sample.advantage = advantage / (std + 1e-4) if scale_rewards != "none" else advantage
             sample.role_tokens = tokens[sample.role]
     return {role: {"reward": sum(r) / len(r), "samples": float(len(r))} for role, r in by_role.items()}
+
+
+def _nanmean(values: tuple[float, ...]) -> float:
+    present = [v for v in values if not math.isnan(v)]
+    return sum(present) / len(present) if present else math.nan
 
 
 def _std(values: list[float]) -> float:
@@ -345,7 +358,7 @@ class CoTraining:
         mode = "train" if trainer.model.training else "eval"
         accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
         values = {f"roles/{POLICY_ROLE}/loss": loss.item() * accumulation}
-        logged_kl = trainer._metrics[mode].get("kl")
+        logged_kl = trainer.logged_values("kl", mode)
         if logged_kl:
             values[f"roles/{POLICY_ROLE}/kl"] = logged_kl[-1]
         trainer.log_metrics(values, mode)

@@ -33,6 +33,9 @@ class ChildSample:
     completion_ids: list[int]
     loss_mask: list[int]
     reward: float
+    """The root's reward; after `assign_advantages`, plus the role's own rewards (`role_scores`, filled)."""
+    role_scores: tuple[float, ...] = ()
+    """Each of the role's own rewards of this child, weighted; NaN where the reward gave None."""
     advantage: float = 0.0
     role_tokens: float = 0.0
     """The role's trainable tokens in the whole generation batch, over every process (the `dapo` normalizer)."""

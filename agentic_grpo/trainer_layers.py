@@ -1,0 +1,46 @@
+"""The trainer class for a recipe: `AgenticGRPOTrainer`, the policy's trainer, with the layers the recipe uses.
+
+A layer is a mixin that extends the trainer's steps (`_sample`, `_rollout_metrics`, `_advantages`,
+`compute_loss`, ...) and names itself in `layer`; the trainer refuses a recipe whose layers its class lacks.
+Sub-agents (`agentic_grpo.subagents.layer`) and experiments (`agentic_grpo.experimental.layer`) are the two;
+each package is imported only for a recipe that uses it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+
+def trainer_class(args: Any, rollout_parts: Any = None) -> type:
+    """`AgenticGRPOTrainer` with the layers `args` (an `AgenticGRPOConfig`) and its rollout parts need: sub-agents
+    where the recipe has any, experiments where it sets `experimental:`."""
+    agents = rollout_parts.agents if rollout_parts is not None else getattr(args, "subagents", None)
+    return _composed(bool(agents), bool(getattr(args, "experimental", None)))
+
+
+def check_layers(args: Any, rollout_parts: Any) -> None:
+    """The layers' own set-up checks, before a model loads (`agentic_grpo.train.prepare`)."""
+    if getattr(args, "experimental", None):
+        from agentic_grpo.experimental.layer import check_experiments
+
+        check_experiments(args, rollout_parts)
+
+
+@functools.cache
+def _composed(subagents: bool, experimental: bool) -> type:
+    from agentic_grpo.trainer import AgenticGRPOTrainer
+
+    layers: list[type] = []
+    if subagents:
+        from agentic_grpo.subagents.layer import SubAgentsLayer
+
+        layers.append(SubAgentsLayer)
+    if experimental:
+        from agentic_grpo.experimental.layer import ExperimentsLayer
+
+        layers.append(ExperimentsLayer)
+    if not layers:
+        return AgenticGRPOTrainer
+    name = "AgenticGRPOTrainer" + "".join("With" + layer.__name__.removesuffix("Layer") for layer in layers)
+    return type(name, (*layers, AgenticGRPOTrainer), {"__module__": __name__})
