@@ -9,6 +9,7 @@ key stops the run at start-up with a suggestion (`read_recipe`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import sys
 from dataclasses import dataclass, field, fields
@@ -115,7 +116,8 @@ class AgenticGRPOConfig(GRPOConfig):
         "`unsafe-local`: no isolation, an explicit opt-in warned about every run), or a mapping of the mode and "
         f"limits: {{mode, {', '.join(SANDBOX_LIMITS)}}} (defaults: "
         + ", ".join(f"{name} {_SANDBOX_DEFAULTS[name].default}" for name in SANDBOX_LIMITS)
-        + "; memory in MB per process, and the slot's total with a memory cgroup; workspace in MB, 0 = no cap).",
+        + "; memory in MB per process, and the slot's total with a memory cgroup; workspace in MB, 0 = no cap), "
+        "or any other field of `agentic_grpo.sandbox.config.SandboxConfig` (docs/sandbox.md).",
     )  # fmt: skip
 
     # --- rewards and evaluation
@@ -251,8 +253,10 @@ def sandbox_settings(value: dict | str | None) -> dict[str, Any]:
         loaded = yaml.safe_load(value) if value.lstrip().startswith("{") else value
         value = {"mode": loaded} if isinstance(loaded, str) else loaded
     value = dict(value or {})
-    known = ("mode", *SANDBOX_LIMITS)
+    known = [f.name for f in dataclasses.fields(SandboxConfig) if f.name != "timeout_s"]
     for key in value:
+        if key == "timeout_s":
+            raise ValueError("recipe field `sandbox`: the sandbox's time limit is the recipe's `tool_timeout`")
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"; did you mean `{close[0]}`?" if close else f"; the keys are {list(known)}"

@@ -230,6 +230,16 @@ def test_misspelled_environment_option_is_named_with_a_suggestion(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_bad_sandbox_value_is_one_line_naming_the_field_and_writes_nothing(tmp_path):
+    out = tmp_path / "never-written"
+    recipe = write_recipe(tmp_path, environment="agentic_grpo.tools.python:PythonInterpreter")
+    result = train("--config", str(recipe), "--sandbox", "{memory_mb: lots}", "--output_dir", str(out), timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "sandbox `memory_mb` must be a whole number, got 'lots'" in result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
+
+
+@pytest.mark.integration
 def test_misspelled_dataset_option_is_named_with_a_suggestion(tmp_path):
     dataset = {"generator": "agentic_grpo.tasks:multiplication_word_problems", "num_trian": 8, "num_test": 2}
     result = train("--config", str(write_recipe(tmp_path, dataset=dataset)), timeout=120)

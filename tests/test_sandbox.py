@@ -7,6 +7,7 @@ import importlib
 import json
 import logging
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -293,8 +294,39 @@ def test_the_sandbox_setting_takes_a_mode_or_a_mapping_and_names_a_misspelled_li
     assert on_the_command_line.sandbox == {"mode": "landlock", "memory_mb": 64}
     with pytest.raises(ValueError, match="key `memory` is not known; did you mean `memory_mb`"):
         AgenticGRPOConfig(output_dir="/tmp/unused", sandbox={"memory": 64})
-    with pytest.raises(ValueError, match="sandbox mode must be one of"):
+    with pytest.raises(ValueError, match="sandbox `mode` must be one of"):
         AgenticGRPOConfig(output_dir="/tmp/unused", sandbox="docker")
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"memory_mb": "lots"}, "sandbox `memory_mb` must be a whole number, got 'lots'"),
+        ({"memory_mb": -5}, "sandbox `memory_mb` must be above 0, got -5"),
+        ({"cpu_cores": "two"}, "sandbox `cpu_cores` must be a number, got 'two'"),
+        ({"use_cgroup": "yes"}, "sandbox `use_cgroup` must be true or false, got 'yes'"),
+        ({"workspace_mb": -1}, "sandbox `workspace_mb` must be 0 (no cap) or above, got -1"),
+        ({"extra_ro_paths": "/data"}, "sandbox `extra_ro_paths` must be a list of paths, got '/data'"),
+        ({"timeout_s": 3}, "the sandbox's time limit is the recipe's `tool_timeout`"),
+    ],
+)
+def test_a_bad_sandbox_value_is_refused_naming_its_field(setting, message):
+    from agentic_grpo.config import AgenticGRPOConfig
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AgenticGRPOConfig(output_dir="/tmp/unused", sandbox=setting)
+
+
+def test_every_sandbox_field_but_its_timeout_can_be_set_from_a_recipe():
+    from agentic_grpo.config import AgenticGRPOConfig
+    from agentic_grpo.run_parts import build_rollout_parts
+
+    setting = {"extra_ro_paths": ["/srv/data"], "max_output_bytes": 4096, "max_file_mb": 8, "max_open_files": 64}
+    config = AgenticGRPOConfig(output_dir="/tmp/unused", environment="agentic_grpo.tools.python:PythonInterpreter",
+                               sandbox=setting)  # fmt: skip
+    sandbox = build_rollout_parts(config).sandbox
+    assert (sandbox.extra_ro_paths, sandbox.max_output_bytes, sandbox.max_file_mb, sandbox.max_open_files) == (
+        ["/srv/data"], 4096, 8, 64)  # fmt: skip
 
 
 def test_slots_see_of_opt_only_the_interpreter_files_that_live_there(monkeypatch, tmp_path):

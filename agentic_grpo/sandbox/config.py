@@ -6,7 +6,7 @@ types without touching namespaces, cgroups or Landlock.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 MODES = ("auto", "bwrap", "landlock", "unsafe-local")
@@ -99,11 +99,31 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"sandbox mode must be one of {MODES}, got {self.mode!r}")
-        if self.timeout_s <= 0 or self.memory_mb <= 0 or self.max_processes <= 0 or self.cpu_cores <= 0:
-            raise ValueError("sandbox timeout, memory, process and CPU limits must be positive")
-        if self.workspace_mb < 0 or self.workspace_inodes < 0:
-            raise ValueError("sandbox workspace quotas must be >= 0")
+            raise ValueError(f"sandbox `mode` must be one of {MODES}, got {self.mode!r}")
+        for item in fields(self):
+            value = getattr(self, item.name)
+            kinds, what = _KINDS[str(item.type)]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise ValueError(f"sandbox `{item.name}` must be {what}, got {value!r}")
+            if item.name in _POSITIVE and value <= 0:
+                raise ValueError(f"sandbox `{item.name}` must be above 0, got {value!r}")
+            if item.name in _NOT_NEGATIVE and value < 0:
+                raise ValueError(f"sandbox `{item.name}` must be 0 (no cap) or above, got {value!r}")
+        if not all(isinstance(path, str) for path in self.extra_ro_paths):
+            raise ValueError(f"sandbox `extra_ro_paths` must be a list of paths, got {self.extra_ro_paths!r}")
+
+
+_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "str": ((str,), "a string"),
+    "int": ((int,), "a whole number"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
+    "str | None": ((str, type(None)), "a path"),
+    "list[str]": ((list,), "a list of paths"),
+}
+_POSITIVE = ("timeout_s", "memory_mb", "max_processes", "max_file_mb", "max_open_files", "max_output_bytes",
+             "uids_per_rank", "cpu_cores")  # fmt: skip
+_NOT_NEGATIVE = ("base_uid", "workspace_mb", "workspace_inodes")
 
 
 @dataclass
