@@ -69,11 +69,31 @@ def launch_with_accelerate(argv: list[str]) -> int:
     if "LOCAL_RANK" in os.environ:  # already one process of a launch: a second launch would nest
         raise ValueError("--accelerate_config starts `accelerate launch` itself: drop it under `accelerate launch`")
     config = find_shipped(argv[position + 1], "accelerate_configs", ".yaml")
+    check_launch_has_its_gpus(config, argv[position + 1])
     rest = argv[:position] + argv[position + 2 :]
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                "-m", "agentic_grpo.train", *rest]  # fmt: skip
     print(f"Launching: accelerate launch --config_file {config} -m agentic_grpo.train {' '.join(rest)}", flush=True)
     return subprocess.run(command).returncode
+
+
+def check_launch_has_its_gpus(config: Path, name: str) -> None:
+    """Refuse an accelerate config made for GPUs (`use_cpu: false`, several processes or a sharding engine) on a
+    machine without CUDA: accelerate would start its processes on the CPU instead."""
+    import torch
+    import yaml
+
+    settings = yaml.safe_load(config.read_text()) or {}
+    if settings.get("use_cpu") or torch.cuda.is_available():
+        return
+    kind = str(settings.get("distributed_type", "NO"))
+    if kind == "NO":
+        return
+    raise ValueError(
+        f"accelerate config `{name}` runs on GPUs (distributed_type {kind}, {settings.get('num_processes', 1)} "
+        "processes) and this machine has no CUDA GPU: use `--accelerate_config cpu_2proc` for two CPU processes, "
+        "or leave `--accelerate_config` out for one"
+    )
 
 
 @dataclass

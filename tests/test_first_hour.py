@@ -230,6 +230,22 @@ def test_misspelled_environment_option_is_named_with_a_suggestion(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("accelerate_config", ["multi_gpu", "deepspeed_zero3"])
+def test_a_gpu_accelerate_config_on_a_machine_without_one_is_refused_in_one_line(tmp_path, accelerate_config):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the config would launch")
+    out = tmp_path / "never-written"
+    result = train("--accelerate_config", accelerate_config, "--config", "ci_tiny", "--output_dir", str(out),
+                   timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"accelerate config `{accelerate_config}` runs on GPUs" in result.stderr
+    assert "use `--accelerate_config cpu_2proc`" in result.stderr and "Launching" not in result.stdout
+    assert "Traceback" not in result.stderr and not out.exists()
+
+
+@pytest.mark.integration
 def test_a_bad_sandbox_value_is_one_line_naming_the_field_and_writes_nothing(tmp_path):
     out = tmp_path / "never-written"
     recipe = write_recipe(tmp_path, environment="agentic_grpo.tools.python:PythonInterpreter")
