@@ -209,6 +209,7 @@ def run(prepared: PreparedRun) -> int:
         if main_process:
             write_run_status(config.output_dir, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
+    add_up_reward_totals(rewards, trainer.accelerator.num_processes)
     if main_process:
         write_run_status(config.output_dir, "completed", minutes=round((time.time() - start) / 60, 2))
         print(summary(Path(config.output_dir), rewards), flush=True)
@@ -371,6 +372,21 @@ def check_output_dir(config: Any) -> None:
 
 def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def add_up_reward_totals(rewards: list, processes: int) -> None:
+    """Each reward's run totals (`totals`: counts, as an LLM judge keeps) summed over every process, so the end
+    summary counts every process's trajectories (collective: every process calls it)."""
+    if processes < 2:
+        return
+    from accelerate.utils import gather_object
+
+    for func in rewards:
+        target = inspect.unwrap(func)
+        totals = getattr(target, "totals", None)
+        if isinstance(totals, dict):
+            everyone = gather_object([dict(totals)])
+            target.totals = {key: sum(each.get(key, 0) for each in everyone) for key in totals}
 
 
 def summary(output_dir: Path, rewards: list | None = None) -> str:

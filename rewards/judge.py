@@ -300,8 +300,11 @@ class LLMJudge:
             self._score_range = (min(low, *given), max(high, *given))
         self._count_scored(n, scored, answered)
         if log_metric is not None:
+            # TRL averages what each process logs; every process logs each step, so a count logged times the
+            # number of processes reads as the total over all of them.
+            processes = int(os.environ.get("WORLD_SIZE", "1"))
             for key, value in step.items():
-                log_metric(f"judge/{key}", float(value))
+                log_metric(f"judge/{key}", float(value) * processes)
             if latencies:
                 log_metric("judge/latency_s", sum(latencies) / len(latencies))
             log_metric("judge/scored_fraction", scored / max(n, 1))

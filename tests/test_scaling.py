@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.helpers import ROOT, accelerate_launch, train
+from tests.helpers import ROOT, accelerate_launch, train, write_recipe
 
 CONFIGS = ROOT / "accelerate_configs"
 SMALL = ["--max_turns", "2", "--max_tokens_per_turn", "12", "--max_completion_length", "48"]
@@ -56,9 +56,17 @@ def test_sharded_configs_carry_what_generation_and_saving_need():
 
 @pytest.mark.integration
 def test_two_processes_each_roll_out_their_own_questions_and_metrics_are_gathered(tmp_path):
+    """Also a local LLM judge: its counts (per step and in the end summary) are both processes' trajectories."""
+    import yaml
+
+    rewards = yaml.safe_load((ROOT / "recipes" / "ci_tiny.yaml").read_text())["rewards"]
+    judge = {"name": "judge", "type": "agentic_grpo.rewards.judge:LLMJudge", "weight": 0.1, "backend": "local",
+             "model": "tiny-random-llama", "max_tokens": 4}  # fmt: skip
+    recipe = write_recipe(tmp_path, rewards=[*rewards, judge])
     out = tmp_path / "out"
-    result = launch("--config", "recipes/ci_tiny.yaml", "--output_dir", str(out), "--max_steps", "1", *SMALL)
+    result = launch("--config", str(recipe), "--output_dir", str(out), "--max_steps", "1", *SMALL)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "judge `judge`: scored " in result.stdout and " of 8 trajectories" in result.stdout, result.stdout[-2000:]
 
     files = sorted(p.name for p in (out / "trajectories").iterdir())
     assert files == ["step_000001.rank0.jsonl", "step_000001.rank1.jsonl"]
@@ -72,6 +80,8 @@ def test_two_processes_each_roll_out_their_own_questions_and_metrics_are_gathere
     assert [r["step"] for r in steps] == [1]  # written once (rank 0), not once per process
     tokens = [sum(len(s["token_ids"]) for t in r for s in t["segments"]) for r in ranks]
     assert steps[0]["num_tokens"] == sum(tokens)  # both ranks' tokens, gathered
+    # One rank judges 4 trajectories (fewer calls where two are the same text): more than 4 is both ranks' calls.
+    assert 4 < steps[0]["judge/calls"] + steps[0]["judge/cache_hits"] <= 8, steps[0]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (out / "checkpoint-1").iterdir()}
 
 
