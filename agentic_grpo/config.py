@@ -205,6 +205,13 @@ class AgenticGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         if self.bf16 is None:  # TRL defaults to bf16, which a CPU refuses
             self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        elif self.bf16 and not torch.cuda.is_available() and not self.use_cpu:
+            # transformers' own refusal ("You need to assign use_cpu") names neither the field nor the fix
+            raise ValueError(
+                "the recipe sets `bf16: true` (mixed precision on a GPU) and this machine has no CUDA GPU: run it on "
+                "a GPU, or set `--bf16 false` to train in fp32 on the CPU (slow for models beyond a few hundred "
+                "million parameters)"
+            )
         if not torch.cuda.is_available():
             self.dataloader_pin_memory = False  # pinning needs an accelerator; without one it only warns
         super().__post_init__()

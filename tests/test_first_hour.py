@@ -246,6 +246,19 @@ def test_a_gpu_accelerate_config_on_a_machine_without_one_is_refused_in_one_line
 
 
 @pytest.mark.integration
+def test_a_gpu_recipe_on_a_machine_without_one_names_bf16_and_its_fix(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the recipe's bf16 is what it runs")
+    out = tmp_path / "never-written"
+    result = train("--config", "artist_math_qwen7b", "--output_dir", str(out), timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "sets `bf16: true` (mixed precision on a GPU) and this machine has no CUDA GPU" in result.stderr
+    assert "set `--bf16 false`" in result.stderr and "use_cpu" not in result.stderr and not out.exists()
+
+
+@pytest.mark.integration
 def test_a_bad_sandbox_value_is_one_line_naming_the_field_and_writes_nothing(tmp_path):
     out = tmp_path / "never-written"
     recipe = write_recipe(tmp_path, environment="agentic_grpo.tools.python:PythonInterpreter")
