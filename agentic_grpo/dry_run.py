@@ -117,15 +117,16 @@ def dry_run(argv: list[str]) -> DryRun:
 
 
 def documented_accelerate_config(recipe: str) -> str | None:
-    """The accelerate config a recipe's comments launch it with (`--config_file X.yaml`), if any."""
+    """The accelerate config a recipe's comments launch it with (`--accelerate_config NAME` or `--config_file
+    X.yaml`), if any."""
     from agentic_grpo.resources import find_shipped
 
     try:
         text = find_shipped(recipe, "recipes", ".yaml").read_text()
     except ValueError:
         return None
-    found = re.search(r"--config_file\s+(\S+\.ya?ml)", text)
-    return found.group(1) if found else None
+    found = re.search(r"--accelerate_config\s+(\S+)|--config_file\s+(\S+\.ya?ml)", text)
+    return (found.group(1) or found.group(2)) if found else None
 
 
 def report(result: DryRun) -> str:

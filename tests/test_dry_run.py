@@ -40,10 +40,11 @@ def test_every_shipped_gpu_recipe_dry_runs_and_fits_its_card(recipe, tmp_path, c
 
 def test_the_full_fine_tuning_recipe_is_estimated_on_the_launch_its_comments_document():
     documented = documented_accelerate_config("artist_math_qwen7b_full")
-    assert documented == "accelerate_configs/deepspeed_zero3.yaml"
+    assert documented == "deepspeed_zero3"  # `agentic-grpo train --accelerate_config deepspeed_zero3 ...`
     launch = launch_from_accelerate_config(find_shipped(documented, "accelerate_configs", ".yaml"))
     assert (launch.processes, launch.strategy, launch.offload_optimizer) == (8, "zero3", False)
-    assert documented_accelerate_config("artist_math_qwen7b") is None  # one process
+    single = documented_accelerate_config("artist_math_qwen7b")
+    assert launch_from_accelerate_config(find_shipped(single, "accelerate_configs", ".yaml")).processes == 1
     assert launch_from_accelerate_config(find_shipped("fsdp", "accelerate_configs", ".yaml"), 4).processes == 4
 
 
