@@ -115,7 +115,6 @@ class RolloutManager:
         if first_actions is not None and getattr(self.format, "action_choices", None) is None:
             raise ValueError("`first_actions` hold an action slot, and this format constrains none")
         stats = RolloutStats()
-        trajectories = [self.start(prompt) for prompt in prompts]
         first = first_actions
         environments: list[tuple[ToolEnvironment, Any]] = []
         # A backend that keeps each trajectory's keys and values does so for this rollout only.
@@ -123,10 +122,11 @@ class RolloutManager:
         try:
             for row in rows:
                 environments.append(self.open_environment(row))
-            for i, (environment, _) in enumerate(environments):
-                observation = getattr(environment, "reset_observation", None)
-                if observation:  # a TRL environment's reset text joins the last user message, as TRL does
-                    trajectories[i] = self.start(with_observation(prompts[i], observation))
+            # Each prompt as the model reads it: with the text a TRL environment's `reset` returned, if any.
+            trajectories = [
+                self.start(with_observation(prompt, getattr(environment, "reset_observation", None)))
+                for prompt, (environment, _) in zip(prompts, environments, strict=True)
+            ]
             with session():
                 for _ in range(self.limits.max_turns):
                     live = [i for i, t in enumerate(trajectories) if t.finish_reason == "running"]
@@ -366,9 +366,11 @@ def user_turn_wrapper(tokenizer: Any) -> tuple[str, str]:
     return prefix, suffix
 
 
-def with_observation(prompt: Any, observation: str) -> Any:
+def with_observation(prompt: Any, observation: str | None) -> Any:
     """`prompt` (a chat or a string) with `observation` appended to its last message, as TRL appends what an
-    environment's `reset` returns."""
+    environment's `reset` returns; `prompt` itself when there is none."""
+    if not observation:
+        return prompt
     if isinstance(prompt, str):
         return prompt + observation
     last = prompt[-1]
