@@ -13,12 +13,8 @@ itself writes the marker, and is a matter of text (any tokenization of "Action: 
 the one the model prefers included). The mask is one logits processor, used by the transformers backends;
 the slot itself (`ActionChoices`) is part of a format's contract (`agentic_grpo.formats`).
 
-Canonical slots (`ActionChoices.canonical`, `experimental: {canonical_actions: true}`): by default any tokens
-that spell a continuation may be written, so the choice can be carried by a fragment: " " then "lookup", or
-" l" then "ookup". Greedy decoding then picks the likeliest fragment, and GRPO trains whichever tokens were
-sampled, so training can move the choice onto a shared fragment (a lone " ") and the tool is then chosen by the
-token after it. A canonical slot follows each continuation's own tokenization, as a grammar over token ids
-would: the choice is one token among the tools' first tokens.
+A slot may bring its own mask (`mask_for(tokenizer)`, e.g. `agentic_grpo.experimental.action_slot`), which
+chooses the next tokens (`next_tokens`) and scales the slot's logits (`slot_logits`).
 """
 
 from __future__ import annotations
@@ -48,11 +44,6 @@ class ActionChoiceMask:
             if (piece := tokenizer.decode([token_id])) and set(piece) <= alphabet
         ]
         self._allowed: dict[tuple[str, tuple[str, ...] | None], torch.Tensor] = {}
-        # Each continuation's own tokens, and the text each prefix of them spells (`canonical` slots).
-        self._canonical = {}
-        for continuation in choices.continuations if choices.canonical else ():
-            ids = tokenizer.encode(continuation, add_special_tokens=False)
-            self._canonical[continuation] = [(tokenizer.decode(ids[:k]), ids[k]) for k in range(len(ids))]
 
     def allowed(self, written: str, among: tuple[str, ...] | None = None) -> torch.Tensor | None:
         """Token ids that may come next after `written` in the slot (held to the continuations `among`, when
@@ -62,17 +53,18 @@ class ActionChoiceMask:
             remainders = self.choices.remainders(written, among)
             if not remainders:
                 return None
-            ids = sorted(self._canonical_next(written, among)) or sorted(
-                {t for t, piece in self._pieces if any(r.startswith(piece) for r in remainders)}
-            )
+            ids = sorted(self.next_tokens(written, among, remainders))
             self._allowed[key] = torch.tensor(ids, dtype=torch.long)
         return self._allowed[key]
 
-    def _canonical_next(self, written: str, among: tuple[str, ...] | None) -> set[int]:
-        """The next token of each continuation whose own tokens spell `written` so far; empty when the slot is
-        not canonical or `written` ends inside one of those tokens (the slot began mid-token: any spelling)."""
-        candidates = self.choices.continuations if among is None else among
-        return {token for c in candidates for prefix, token in self._canonical.get(c, ()) if prefix == written}
+    def next_tokens(self, written: str, among: tuple[str, ...] | None, remainders: list[str]) -> set[int]:
+        """The tokens that may come next after `written`, given what is left of each continuation it may still
+        become (`remainders`): any token that begins one of them, so any tokenization spells a continuation."""
+        return {t for t, piece in self._pieces if any(r.startswith(piece) for r in remainders)}
+
+    def slot_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits of the allowed tokens inside a slot, before sampling (unchanged here)."""
+        return logits
 
     def slot_text(self, text: str) -> str | None:
         """The text after the turn's last marker, or None when the turn has no marker yet."""
@@ -84,7 +76,8 @@ class ActionChoiceMask:
 def choice_mask(tokenizer: Any, choices: ActionChoices) -> ActionChoiceMask:
     """The mask of `choices` for `tokenizer`, built once per process: the trainer makes a new backend for every
     rollout, and the mask (a decode of the vocabulary, then a scan per slot state) depends on neither."""
-    return ActionChoiceMask(tokenizer, choices)
+    mask_for = getattr(choices, "mask_for", None)
+    return mask_for(tokenizer) if mask_for is not None else ActionChoiceMask(tokenizer, choices)
 
 
 class ActionChoiceProcessor:
@@ -113,7 +106,7 @@ class ActionChoiceProcessor:
             allowed = None if written is None else self.mask.allowed(written, self._held_to(row, text))
             if allowed is not None:
                 allowed = allowed.to(scores.device)
-                keep = scores[row, allowed] / self.mask.choices.temperature
+                keep = self.mask.slot_logits(scores[row, allowed])
                 scores[row] = float("-inf")
                 scores[row, allowed] = keep
         return scores

@@ -10,10 +10,10 @@ benchmarks and the reward audit all start from it; none of them rebuilds a part 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from agentic_grpo.formats import EXPERIMENTAL_FORMAT_OPTIONS, load_format
+from agentic_grpo.formats import load_format
 from agentic_grpo.plugins import PluginError, check_options
 from agentic_grpo.rollout import RolloutLimits
 from agentic_grpo.rollout_parts import RolloutParts, load_environment
@@ -97,15 +97,21 @@ def build_rollout_parts(config: Any, tools_required: bool = True) -> RolloutPart
         raise PluginError(f"environment `{config.environment}` has no tools: add public methods with type hints and "
                           "docstrings, or sub-agents (recipe field `subagents`)")  # fmt: skip
     format_kwargs = dict(config.format_kwargs or {})
-    experimental = sorted(set(format_kwargs) & set(EXPERIMENTAL_FORMAT_OPTIONS))
-    if experimental:
-        raise PluginError(f"format_kwargs {experimental} are experimental options: set them under `experimental:` "
-                          "(agentic_grpo.experimental)")  # fmt: skip
+    try:
+        trajectory_format = load_format(config.format, schemas, **format_kwargs)
+    except ValueError:
+        from agentic_grpo.experimental import ExperimentalConfig  # only to point a misplaced option to its key
+
+        misplaced = sorted(set(format_kwargs) & {f.name for f in fields(ExperimentalConfig)})
+        if misplaced:
+            raise PluginError(f"format_kwargs {misplaced} are experimental options: set them under `experimental:` "
+                              "(agentic_grpo.experimental)") from None  # fmt: skip
+        raise
     if getattr(config, "experimental", None):  # the experimental package loads only for a recipe that uses it
         from agentic_grpo.experimental import ExperimentalConfig
+        from agentic_grpo.experimental.action_slot import tune_action_slot
 
-        format_kwargs.update(ExperimentalConfig.from_recipe(config.experimental).format_kwargs())
-    trajectory_format = load_format(config.format, schemas, **format_kwargs)
+        tune_action_slot(trajectory_format, ExperimentalConfig.from_recipe(config.experimental))
     sandbox = None
     if environment.needs_sandbox or any(a.parts.sandbox is not None for a in agents):
         from agentic_grpo.sandbox.config import SandboxConfig

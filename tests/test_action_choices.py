@@ -7,7 +7,6 @@ batch, and whole contexts). A random model never writes `Action:` on its own, so
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from types import SimpleNamespace
 
@@ -15,8 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from agentic_grpo.action_choices import ActionChoiceMask, ActionChoiceProcessor
+from agentic_grpo.action_choices import ActionChoiceMask, ActionChoiceProcessor, choice_mask
 from agentic_grpo.backends import TransformersBackend
+from agentic_grpo.experimental.action_slot import TunedActionChoiceMask, TunedActionChoices
 from agentic_grpo.experimental.spread import spread_over_groups
 from agentic_grpo.formats import ActionChoices, load_format
 from agentic_grpo.rollout import RolloutLimits, RolloutManager
@@ -56,8 +56,9 @@ def test_any_walk_through_allowed_tokens_spells_one_continuation(tokenizer):
 
 
 def test_a_canonical_slot_follows_each_continuations_own_tokens(tokenizer):
-    canonical = dataclasses.replace(CHOICES, canonical=True)
-    mask = ActionChoiceMask(tokenizer, canonical)
+    canonical = TunedActionChoices(CHOICES.marker, CHOICES.continuations, canonical=True)
+    mask = choice_mask(tokenizer, canonical)
+    assert isinstance(mask, TunedActionChoiceMask)  # the slot brings its own mask
     own = {c: tokenizer.encode(c, add_special_tokens=False) for c in CHOICES.continuations}
     assert sorted(mask.allowed("").tolist()) == sorted({ids[0] for ids in own.values()})  # one token per tool
     rng = random.Random(0)
@@ -74,11 +75,12 @@ def test_a_canonical_slot_follows_each_continuations_own_tokens(tokenizer):
     # a slot that began inside a token (written text on no token boundary of a continuation) spells freely
     first = tokenizer.decode(own[" calculator\nAction Input:"][:1])
     assert len(first) > 2 and mask.allowed(first[:2]) is not None
-    assert ActionChoices("A:", ("x",)).canonical is False  # free unless asked
+    assert not getattr(ActionChoices("A:", ("x",)), "canonical", False)  # free unless asked
 
 
 def test_processor_masks_only_rows_inside_a_slot(tokenizer):
-    processor = ActionChoiceProcessor(ActionChoiceMask(tokenizer, dataclasses.replace(CHOICES, temperature=2.0)))
+    hotter = TunedActionChoices(CHOICES.marker, CHOICES.continuations, temperature=2.0)
+    processor = ActionChoiceProcessor(choice_mask(tokenizer, hotter))
     context = tokenizer("Question: what is 2 + 2?\n")["input_ids"]
     vocab = len(tokenizer)
     processor(torch.tensor([context, context]), torch.zeros(2, vocab))  # first call: where new tokens begin
@@ -134,15 +136,12 @@ def test_generation_after_the_marker_is_a_tool_name(tiny_model_dir, tokenizer, r
 def test_react_builds_the_slot_from_its_tools():
     schemas = Toolbox.tool_schemas()
     assert load_format("react", schemas).action_choices is None  # off unless asked
-    assert load_format("react", schemas, constrain_actions=True, canonical_actions=True).action_choices.canonical
-    with pytest.raises(ValueError, match="canonical_actions` needs format_kwargs `constrain_actions"):
-        load_format("react", schemas, canonical_actions=True)
-    choices = load_format("react", schemas, constrain_actions=True, action_temperature=1.5).action_choices
+    with pytest.raises(ValueError, match="canonical_actions"):  # an experiment, not a format option
+        load_format("react", schemas, constrain_actions=True, canonical_actions=True)
+    choices = load_format("react", schemas, constrain_actions=True).action_choices
     names = [s["function"]["name"] for s in schemas]
     assert choices.continuations == tuple(f" {n}\nAction Input:" for n in names)
-    assert choices.marker == "Action:" and choices.temperature == 1.5
-    with pytest.raises(ValueError, match="action_temperature"):
-        load_format("react", schemas, constrain_actions=True, action_temperature=0)
+    assert choices.marker == "Action:" and choices.names == tuple(names)
 
 
 def test_constrained_arguments_open_each_tools_json_with_its_first_key(tokenizer):
@@ -263,6 +262,10 @@ def test_experimental_options_live_under_their_own_key(tmp_path):
     base = ["--config", "recipes/ci_tiny.yaml", "--output_dir", str(tmp_path / "out")]
     with pytest.raises(ValueError, match=r"\['canonical_actions'\] are experimental options: set them under"):
         prepare([*base, "--format_kwargs", "{constrain_actions: true, canonical_actions: true}"])
+    with pytest.raises(ValueError, match="need a constrained action slot: set format_kwargs `constrain_actions"):
+        prepare([*base, "--experimental", "{canonical_actions: true}"])
+    with pytest.raises(ValueError, match="action_temperature` must be above 0"):
+        prepare([*base, "--format_kwargs", "{constrain_actions: true}", "--experimental", "{action_temperature: 0}"])
     with pytest.raises(ValueError, match="field `spread_first_action` is not known"):
         prepare([*base, "--spread_first_action", "true"])  # no longer a top-level field
     with pytest.raises(ValueError, match="option `canonical_action` is not known; did you mean `canonical_actions`"):
@@ -270,7 +273,10 @@ def test_experimental_options_live_under_their_own_key(tmp_path):
     prepared = prepare([*base, "--format_kwargs", "{constrain_actions: true}",
                         "--experimental", "{canonical_actions: true, action_temperature: 2.0}"])  # fmt: skip
     slot = prepared.rollout_parts.trajectory_format.action_choices
-    assert slot.canonical and slot.temperature == 2.0
+    assert isinstance(slot, TunedActionChoices) and slot.canonical and slot.temperature == 2.0
+    untuned = prepare([*base, "--format_kwargs", "{constrain_actions: true}"]).rollout_parts.trajectory_format
+    assert type(untuned.action_choices) is ActionChoices  # the core slot, untouched without experiments
+    assert slot.continuations == untuned.action_choices.continuations
 
 
 @pytest.mark.integration

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from agentic_grpo.experimental.action_slot import TunedActionChoices
 from agentic_grpo.experimental.choice_gradient import choice_tokens
 from agentic_grpo.formats import ActionChoices
 from tests.choice_support import choice_rows, choice_trainer, slot_probabilities
@@ -71,13 +72,13 @@ def test_the_term_needs_a_canonical_slot_whose_choices_begin_with_distinct_token
     from agentic_grpo.config import AgenticGRPOConfig
     from agentic_grpo.train import prepare
 
-    free = ActionChoices("Action:", (" calculator\n", " python\n"), 1.0, ("calculator", "python"))
+    free = ActionChoices("Action:", (" calculator\n", " python\n"), ("calculator", "python"))
     with pytest.raises(ValueError, match="canonical_actions"):
         choice_tokens(tokenizer, free)
     with pytest.raises(ValueError, match="canonical_actions"):
         choice_tokens(tokenizer, None)
-    shared = ActionChoices("Action:", (" string_tool\n", " string_count\n"), 1.0, ("string_tool", "string_count"),
-                           canonical=True)  # fmt: skip
+    shared = TunedActionChoices("Action:", (" string_tool\n", " string_count\n"), ("string_tool", "string_count"),
+                                canonical=True)  # fmt: skip
     with pytest.raises(ValueError, match="distinct tokens"):
         choice_tokens(tokenizer, shared)
     with pytest.raises(ValueError, match="choice_gradient_weight` must be 0"):

@@ -9,8 +9,9 @@ are not in the main `--help`. docs/tool_choice.md describes each, and RESULTS.md
 - `choice_gradient_weight` (`agentic_grpo.experimental.choice_gradient`): an auxiliary loss supervised by the
   rows' tool labels (`expected_tools`): the exact gradient of the tool choice's expected reward at each first
   action slot.
-- `canonical_actions`, `action_temperature`: options of ReAct's constrained action slot (a choice that is one
-  token among the tools' first tokens; the tool's name sampled at a multiple of the sampling temperature).
+- `canonical_actions`, `action_temperature` (`agentic_grpo.experimental.action_slot`): options of ReAct's
+  constrained action slot (a choice that is one token among the tools' first tokens; the tool's name sampled at a
+  multiple of the sampling temperature).
 """
 
 from __future__ import annotations
@@ -71,12 +72,3 @@ class ExperimentalConfig:
                 hint = f"; did you mean `{close[0]}`?" if close else f"; the options are {known}"
                 raise ValueError(f"recipe field `experimental`: option `{key}` is not known{hint}")
         return cls(**value)
-
-    def format_kwargs(self) -> dict[str, Any]:
-        """The options this sets on the trajectory format (ReAct's constrained action slot), where not defaults."""
-        options: dict[str, Any] = {}
-        if self.canonical_actions:
-            options["canonical_actions"] = True
-        if self.action_temperature != 1.0:
-            options["action_temperature"] = self.action_temperature
-        return options

@@ -84,7 +84,7 @@ def action_name_positions(trajectory: Trajectory, tokenizer: Any, choices: Actio
 def choice_tokens(tokenizer: Any, choices: ActionChoices | None) -> list[int]:
     """The first token of each continuation of a canonical slot, in the slot's order: the slot's choices. Refuses a
     slot that is not canonical, or whose continuations do not begin with distinct tokens."""
-    if choices is None or not choices.canonical:
+    if not getattr(choices, "canonical", False):
         raise ValueError(CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT)
     firsts = [tokenizer.encode(c, add_special_tokens=False)[0] for c in choices.continuations]
     if len(set(firsts)) < len(firsts):

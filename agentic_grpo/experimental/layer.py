@@ -27,7 +27,7 @@ def check_experiments(config: Any, parts: Any) -> None:
     slot = getattr(parts.trajectory_format, "action_choices", None)
     if experiments.spread_first_action and not slot:
         raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
-    if experiments.choice_gradient_weight and not (slot and slot.canonical):
+    if experiments.choice_gradient_weight and not getattr(slot, "canonical", False):
         raise ValueError(CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT)
 
 

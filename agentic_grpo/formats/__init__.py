@@ -28,26 +28,14 @@ class Malformed:
 
 Parsed = ToolCall | FinalAnswer | Malformed
 
-EXPERIMENTAL_FORMAT_OPTIONS = ("canonical_actions", "action_temperature")
-"""Options of the constrained action slot that a recipe sets under `experimental:` (agentic_grpo.experimental),
-not in `format_kwargs`."""
-
-
 @dataclass(frozen=True)
 class ActionChoices:
-    """After the last `marker` in a turn, the text must go on as one of `continuations`; when sampling, the
-    choice among them is drawn at the sampling temperature times `temperature` (above 1: more exploration of
-    the choices the model rates low; greedy decoding is unaffected)."""
+    """After the last `marker` in a turn, the text must go on as one of `continuations`."""
 
     marker: str
     continuations: tuple[str, ...]
-    temperature: float = 1.0
     names: tuple[str, ...] = ()
     """The tool each continuation calls, in the same order (empty when the format does not say)."""
-    canonical: bool = False
-    """Hold the slot to each continuation's own tokenization (the tokenizer's encoding of it), not to any
-    tokens that spell it: the choice is then one token among the continuations' first tokens, the one the loss
-    trains, where otherwise a fragment (" ", " l", " conv") can carry it (`agentic_grpo.action_choices`)."""
 
     def continuation_of(self, name: str) -> str | None:
         """The continuation that calls the tool `name`, or None when no continuation is known to."""

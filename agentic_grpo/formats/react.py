@@ -51,16 +51,10 @@ class ReActFormat:
             and the `Action Input:` line (`agentic_grpo.action_choices`): the model still chooses the
             tool and writes its arguments, but cannot name a tool that does not exist or leave the
             arguments out. Transformers backends only (vLLM refuses it).
-        action_temperature: (experimental: a recipe sets it under `experimental:`) with `constrain_actions`, the tool's name is sampled at the sampling temperature
-            times this (above 1: tools the model rates low are tried more often; greedy decoding is the same).
         constrain_arguments: with `constrain_actions`, the `Action Input:` line also opens the named tool's JSON
             object with its first argument's key (`{"query": "`), as function-calling servers hold arguments to
             the tool's schema; the model writes the value and the rest. A small model otherwise writes keys of
             its own (`{"date": ...}` to a tool whose argument is `query`), which the tool refuses.
-        canonical_actions: (experimental: a recipe sets it under `experimental:`) with `constrain_actions`, the slot follows each continuation's own tokenization
-            (`" lookup"`, then `"\n"`, ...), so the tool is chosen by one token the loss trains; otherwise any
-            tokens that spell a continuation may (`" "` then `"lookup"`, or `" l"` then `"ookup"`), and GRPO can
-            move the choice onto fragments it never learned to rank (`agentic_grpo.action_choices`).
     """
 
     stop = ["Observation:"]
@@ -73,9 +67,7 @@ class ReActFormat:
         example_turns: list[dict[str, str]] | None = None,
         response_prefix: str = "",
         constrain_actions: bool = False,
-        action_temperature: float = 1.0,
         constrain_arguments: bool = False,
-        canonical_actions: bool = False,
     ) -> None:
         self.tool_schemas = {s["function"]["name"]: s["function"] for s in tool_schemas}
         self.instructions = instructions or DEFAULT_INSTRUCTIONS
@@ -100,12 +92,8 @@ class ReActFormat:
         self.examples = list(examples or [])
         self.example_turns = list(example_turns or [])
         self.response_prefix = response_prefix
-        if action_temperature <= 0:
-            raise ValueError(f"`action_temperature` must be above 0, got {action_temperature}")
         if constrain_arguments and not constrain_actions:
             raise ValueError("format_kwargs `constrain_arguments` needs `constrain_actions: true`")
-        if canonical_actions and not constrain_actions:
-            raise ValueError("`canonical_actions` needs format_kwargs `constrain_actions: true`")
         self.action_choices = (
             ActionChoices(
                 "Action:",
@@ -113,9 +101,7 @@ class ReActFormat:
                     f" {name}\nAction Input:" + (f" {_arguments_opening(fn)}" if constrain_arguments else "")
                     for name, fn in self.tool_schemas.items()
                 ),
-                action_temperature,
                 tuple(self.tool_schemas),
-                canonical_actions,
             )
             if constrain_actions
             else None
