@@ -26,12 +26,13 @@ overrides or calls are listed in `PRIVATE_SEAMS`; a test checks their signatures
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -99,7 +100,10 @@ PRIVATE_SEAMS: dict[str, tuple[str, ...]] = {
         "mm_token_type_ids",
         "image_position_ids",
     ),  # fmt: skip
-    # {"train"|"eval": {name: [values]}}, written only by `log_metrics`; the engine helper whose
+    # TRL's loss of a batch, which co-trained roles call on their children (`agentic_grpo.subagents.role_loss`),
+    # reading `tool_mask`, `num_items_in_batch` and the log-prob keys TRL's own batch has.
+    "GRPOTrainer._compute_loss": ("self", "model", "inputs"),
+    # {"train"|"eval": {name: [values]}}, written only by `log_metrics` and `metrics_under`; the engine helper whose
     # `summon_full_params` generation runs under with FSDP (`TrainerBackend`).
     "GRPOTrainer._metrics": (),
     "GRPOTrainer._dist": (),
@@ -286,6 +290,25 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
     def logged_values(self, name: str, mode: str = "train") -> list[float]:
         """The values logged under `name` since TRL last wrote its logs (it averages them there)."""
         return list(self._metrics[mode].get(name, ()))
+
+    @contextlib.contextmanager
+    def metrics_under(self, prefix: str, mode: str) -> Iterator[dict[str, list[float]]]:
+        """Values logged in `mode` inside the block (TRL's loss included) go under `prefix` + their name, not the
+        policy's; the mapping yielded holds them by their own names once the block ends."""
+        metrics = self._metrics[mode]
+        before = {name: len(values) for name, values in metrics.items()}
+        moved: dict[str, list[float]] = {}
+        try:
+            yield moved
+        finally:
+            for name in list(metrics):
+                new = metrics[name][before.get(name, 0) :]
+                if new:
+                    del metrics[name][before.get(name, 0) :]
+                    moved[name] = new
+                    metrics[prefix + name].extend(new)
+                if name not in before and not metrics[name]:
+                    del metrics[name]  # TRL averages every name it holds: an empty one would divide by zero
 
     def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
         rows = [getattr(prompt, "row", None) for prompt in prompts]

@@ -97,8 +97,14 @@ def test_each_roles_loss_only_reaches_its_own_adapter(tiny_model_dir, tmp_path):
         loss.backward()
         return {owners(model)[n] for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
 
+    policy_kl = trainer.logged_values("kl")
     assert reached(trainer.cotraining.losses(model, inputs["role_samples"])["helper"]) == {"helper"}
+    # The role's loss is TRL's own: what it logs goes under the role's name, never into the policy's figures.
+    assert trainer.logged_values("kl") == policy_kl
+    assert trainer.logged_values("roles/helper/kl") and trainer.logged_values("roles/helper/entropy")
+    assert trainer.logged_values("roles/helper/clip_ratio/region_mean") == [0.0]  # the first pass: old = current
     assert reached(GRPOTrainer.compute_loss(trainer, model, inputs)) == {"default"}
+    assert len(trainer.logged_values("kl")) == len(policy_kl) + 1
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo"])

@@ -14,14 +14,15 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
   it twice gives two samples). Advantage = (reward - group mean) / (group std + 1e-4), with TRL's
   `scale_rewards` (`group`, `batch`: std over all the role's samples, `none`: no division). A group of one
   sample has advantage 0. Groups are formed over every process (the rewards are gathered), as TRL does.
-- Loss: in each micro-batch, the children of that micro-batch's rows, with the role's adapter active: TRL's
-  clipped surrogate and KL against the base model, aggregated as the run's `loss_type` (`role_loss`, where the
-  formulas are). In one process without DeepSpeed, each child's share is back-propagated on its own, before
-  the policy's forward, so one child's graph at a time is alive (the same gradients as the summed loss, less
-  memory). A forward under one adapter builds the graph of that adapter's parameters alone, so each role's
-  loss moves its own adapter and nothing else.
+- Loss: in each micro-batch, the children of that micro-batch's rows, with the role's adapter active: TRL's own
+  loss, the policy's, on a batch of the children (`role_loss`, where the scaling of a share is). In one process
+  without DeepSpeed, each child's share is back-propagated on its own, before the policy's forward, so one
+  child's graph at a time is alive (the same gradients as the summed loss, less memory). A forward under one
+  adapter builds the graph of that adapter's parameters alone, so each role's loss moves its own adapter and
+  nothing else.
 - Optimizer: one parameter group per role (its `learning_rate`, or the run's), see `role_param_groups`.
-- Metrics: `roles/<name>/reward`, `/samples` (at generation), `/loss`, `/kl` (per micro-batch, averaged by TRL).
+- Metrics: `roles/<name>/reward`, `/samples` (at generation), `/loss`, and what TRL's loss logs (`/kl`,
+  `/entropy`, `/clip_ratio/...`), per micro-batch, averaged by TRL.
 """
 
 from __future__ import annotations
@@ -39,12 +40,11 @@ from agentic_grpo.canaries import CanaryError, canary_limit, likely_causes, logp
 from agentic_grpo.clipped import masked_loss_mask
 from agentic_grpo.reward_setup import score_trajectories
 from agentic_grpo.subagents.adapters import adapter_active
-from agentic_grpo.subagents.role_loss import ChildSample, completion_tensor, padded, role_loss
+from agentic_grpo.subagents.role_loss import LOSS_TYPES, ChildSample, completion_tensor, padded, role_loss
 from agentic_grpo.subagents.usage import descendants
 
 POLICY_ROLE = "policy"
 """The role name of the trained policy itself (the orchestrator), in `roles/<name>/...` metrics."""
-LOSS_TYPES = ("grpo", "bnpo", "dapo")
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,7 @@ class CoTraining:
 
     def losses(self, model: Any, rows: list[list[ChildSample]], backward: Any = None) -> dict[str, torch.Tensor]:
         """Each role's GRPO loss over the children of one micro-batch's rows (`rows`: their samples), scaled
-        for gradient accumulation as TRL scales the policy's; logs `roles/<name>/loss` and `/kl`.
+        for gradient accumulation as TRL scales the policy's; logs `roles/<name>/loss` and what TRL's loss logs.
 
         With `backward` (the accelerator's), each child's share of its role's loss is back-propagated at once,
         one child at a time, and the losses come back detached: only one child's graph is alive at a time
@@ -381,16 +381,12 @@ class CoTraining:
                 continue
             parts = []
             for chunk in [[s] for s in mine] if backward else [mine]:
-                loss, kl, tokens = role_loss(self.trainer, model, role.adapter, mine, chunk)
+                loss, _ = role_loss(self.trainer, model, role.name, role.adapter, mine, chunk)
                 if backward:
                     backward(loss)
                     loss = loss.detach()
-                parts.append((loss, kl, tokens))
-            loss = sum(part[0] for part in parts)
-            found[role.name] = loss
+                parts.append(loss)
+            found[role.name] = sum(parts)
             accumulation = self.trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
-            values = {f"roles/{role.name}/loss": loss.item() * accumulation}
-            if self.trainer.beta != 0.0:
-                values[f"roles/{role.name}/kl"] = sum(p[1] for p in parts) / max(sum(p[2] for p in parts), 1.0)
-            self.trainer.log_metrics(values, mode)
+            self.trainer.log_metrics({f"roles/{role.name}/loss": found[role.name].item() * accumulation}, mode)
         return found

@@ -1,17 +1,18 @@
-"""The GRPO loss of a co-trained role over its child trajectories (`agentic_grpo.subagents.cotrain`).
+"""A co-trained role's share of the GRPO loss over its child trajectories (`agentic_grpo.subagents.cotrain`).
 
-TRL's loss works on its own batch of the policy's rows; a role's children are another batch, under another LoRA
-adapter, so the same clipped surrogate is written here for them: ratio against the old log-probs (stored at
-generation, or the current ones detached), TRL's epsilons and `delta`, KL against the base model (adapters
-disabled) with the run's `beta`, aggregated as the run's `loss_type` and scaled for gradient accumulation as
-TRL scales the policy's:
+The loss is TRL's own (`GRPOTrainer._compute_loss`, the policy's): the role's children are a batch of TRL's layout
+(prompts left-padded, completions right-padded, tool tokens out of the loss through `tool_mask`), read under the
+role's LoRA adapter, with the role's advantages, old and reference log-probs. Clipping, `delta`, the KL against
+the base model (adapters disabled), the entropy quantile and the loss type are the run's, as for the policy. What
+TRL logs for the batch goes under `roles/<name>/` (`AgenticGRPOTrainer.metrics_under`).
 
-    grpo: sum over samples of (token losses . mask) / (mask sum), / samples in the micro-batch, / accumulation
-    bnpo: (token losses . mask) summed / the role's trained tokens in the micro-batch, / accumulation
-    dapo: (token losses . mask) summed / (the role's trained tokens in the generation batch, per process and
-          accumulation window)
+A role's loss is normalised over all its samples in the micro-batch (`together`), but may be computed one sample
+(or any share) at a time, each share's backward on its own: TRL's loss of a share is scaled to its part of the
+whole, as each loss type sums over samples:
 
-Each is a sum over samples, so a micro-batch's loss can be computed (and back-propagated) one sample at a time.
+    grpo: mean over samples of each one's token mean  -> x samples in the share / samples together
+    bnpo: token sum / the share's trained tokens       -> x the share's tokens / the tokens together
+    dapo: token sum / the role's trained tokens in the generation batch (`num_items_in_batch`): as it is
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Any
 import torch
 
 from agentic_grpo.subagents.adapters import adapter_active
+
+LOSS_TYPES = ("grpo", "bnpo", "dapo")
+"""The loss types whose share of a batch is a known part of the whole (module docstring)."""
 
 
 @dataclass
@@ -47,16 +51,32 @@ class ChildSample:
 
 def padded(samples: list[ChildSample], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Prompt ids left-padded and completion ids right-padded (TRL's layout): ids, attention mask, completion width."""
+    batch = trl_batch(samples, pad_id, device)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    return ids, attention, batch["completion_ids"].size(1)
+
+
+def trl_batch(samples: list[ChildSample], pad_id: int, device: Any) -> dict[str, torch.Tensor]:
+    """The samples' ids and masks as TRL's loss takes a batch: `prompt_ids`/`prompt_mask` left-padded,
+    `completion_ids`/`completion_mask` right-padded, and `tool_mask`, the loss mask (tool tokens are read, not
+    trained)."""
     prompt_width = max(len(s.prompt_ids) for s in samples)
     width = max(len(s.completion_ids) for s in samples)
-    ids = torch.full((len(samples), prompt_width + width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
+    prompt_ids = torch.full((len(samples), prompt_width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompt_ids)
+    completion_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros_like(completion_ids)
     for i, s in enumerate(samples):
-        start = prompt_width - len(s.prompt_ids)
-        row = s.prompt_ids + s.completion_ids
-        ids[i, start : start + len(row)] = torch.tensor(row)
-        attention[i, start : start + len(row)] = 1
-    return ids.to(device), attention.to(device), width
+        prompt_ids[i, prompt_width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
+        prompt_mask[i, prompt_width - len(s.prompt_ids) :] = 1
+        completion_ids[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
+        completion_mask[i, : len(s.completion_ids)] = 1
+    batch = {
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "tool_mask": completion_tensor(samples, "loss_mask", width, "cpu").long(),
+    }  # fmt: skip
+    return {name: value.to(device) for name, value in batch.items()}
 
 
 def completion_tensor(samples: list[ChildSample], values: str, width: int, device: Any) -> torch.Tensor:
@@ -69,41 +89,31 @@ def completion_tensor(samples: list[ChildSample], values: str, width: int, devic
 
 
 def role_loss(
-    trainer: Any, model: Any, adapter: str, together: list[ChildSample], samples: list[ChildSample]
-) -> tuple[torch.Tensor, float, float]:
-    """The share of `samples` (some of `together`, a role's samples in one micro-batch) in that role's loss, under
-    its LoRA `adapter` and normalised over `together`, as the module docstring says; with the KL summed over their
-    trained tokens and the count of those tokens."""
-    args = trainer.args
-    mode = "train" if trainer.model.training else "eval"
+    trainer: Any, model: Any, role: str, adapter: str, together: list[ChildSample], samples: list[ChildSample]
+) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """The share of `samples` (some of `together`, the role `role`'s samples in one micro-batch) in that role's
+    loss: TRL's loss under the role's LoRA `adapter`, scaled as the module docstring says; with what TRL logged for
+    it, by name (logged under `roles/<role>/`). Co-training runs in one process, so the collectives of TRL's
+    metrics meet no other process that calls them less often."""
     device = trainer.accelerator.device
-    ids, attention, width = padded(samples, trainer.processing_class.pad_token_id, device)
-    with adapter_active(trainer.accelerator.unwrap_model(model), adapter):
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attention, width)
-    mask = completion_tensor(samples, "loss_mask", width, device)
-    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device).unsqueeze(1)
-    stored = samples[0].old_logps is not None
-    old = completion_tensor(samples, "old_logps", width, device) if stored else logps.detach()
-    ratio = torch.exp(logps - old)
-    clipped = torch.clamp(ratio, 1 - trainer.epsilon_low, 1 + trainer.epsilon_high)
-    if args.delta is not None:
-        ratio = torch.clamp(ratio, max=args.delta)
-    per_token = -torch.min(ratio * advantages, clipped * advantages)
-    kl_sum = 0.0
+    inputs: dict[str, Any] = trl_batch(samples, trainer.processing_class.pad_token_id, device)
+    width = inputs["completion_ids"].size(1)
+    inputs["advantages"] = torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device)
+    if samples[0].old_logps is not None:
+        inputs["old_per_token_logps"] = completion_tensor(samples, "old_logps", width, device)
     if trainer.beta != 0.0:
-        ref = completion_tensor(samples, "ref_logps", width, device)
-        kl = torch.exp(ref - logps) - (ref - logps) - 1
-        per_token = per_token + trainer.beta * kl
-        kl_sum = (kl * mask).sum().item()
-    accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
+        inputs["ref_per_token_logps"] = completion_tensor(samples, "ref_logps", width, device)
+    inputs["num_items_in_batch"] = torch.tensor(max(samples[0].role_tokens, 1.0), device=device)
+    if getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False):
+        inputs["importance_sampling_ratio"] = torch.ones((len(samples), width), device=device)  # sampled here
+    mode = "train" if trainer.model.training else "eval"
+    with (
+        adapter_active(trainer.accelerator.unwrap_model(model), adapter),
+        trainer.metrics_under(f"roles/{role}/", mode) as logged,
+    ):
+        loss = trainer._compute_loss(model, inputs)
     if trainer.loss_type == "grpo":
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / len(together) / accumulation
+        loss = loss * (len(samples) / len(together))
     elif trainer.loss_type == "bnpo":
-        tokens = max(float(sum(sum(s.loss_mask) for s in together)), 1.0)
-        loss = (per_token * mask).sum() / tokens / accumulation
-    else:  # dapo: the role's tokens of the whole generation batch, per process and accumulation window
-        normalizer = max(samples[0].role_tokens, 1.0) / trainer.accelerator.num_processes
-        if mode == "train":
-            normalizer = normalizer * accumulation / args.steps_per_generation
-        loss = (per_token * mask).sum() / normalizer
-    return loss, kl_sum, mask.sum().item()
+        loss = loss * (sum(sum(s.loss_mask) for s in samples) / max(sum(sum(s.loss_mask) for s in together), 1))
+    return loss, logged
