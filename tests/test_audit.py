@@ -91,8 +91,9 @@ def test_probes_the_recipe_would_cut_are_audited_with_room_and_named():
     # ci_tiny allows 24 tokens per turn: before, every longer probe was cut and earned nothing, unexamined.
     report = audit_recipe("ci_tiny", data=ROWS, limit=1, progress=False)
     assert report.passed, report.failures
-    assert any(n.startswith("probe `buried_in_long_text` does not fit this recipe's max_tokens_per_turn=24")
-               for n in report.notes)  # fmt: skip
+    cut = [n for n in report.notes if "not fit this recipe's" in n]
+    assert len(cut) == len({n.split("fit this recipe's ")[1] for n in cut})  # one note per budget, not per probe
+    assert any("buried_in_long_text" in n and "max_tokens_per_turn=24" in n for n in cut), cut
     assert len(report.examples["buried_in_long_text"]) == 400  # played whole (the example keeps 400 characters)
 
 

@@ -171,11 +171,12 @@ def audit_recipe(
 
     pool = parts.sandbox_pool(rank=0)
     sums: dict[str, dict[str, list[float | None]]] = {}
+    cut: dict[str, list[str]] = {}
     try:
         for row in tqdm(rows, desc="audit", disable=not progress):
             question, gold = str(row["question"]), str(row.get("answer", ""))
             probes = build_probes(writer, environment.tool_schemas(), question, gold)
-            note_cut_probes(report, probes, tokenizer, parts.limits)
+            cut_probes(cut, probes, tokenizer, parts.limits)
             manager = dataclasses.replace(parts, limits=room_for(probes, tokenizer, parts.limits)).rollout_manager(
                 tokenizer, pool
             )
@@ -196,6 +197,7 @@ def audit_recipe(
     finally:
         if pool is not None:
             pool.close()
+    report.notes.extend(cut_probe_notes(cut))
     for probe_name, per_reward in sums.items():
         report.payouts[probe_name] = {name: mean_or_none(values) for name, values in per_reward.items()}
     report.totals = {
@@ -223,8 +225,9 @@ def room_for(probes: list[Probe], tokenizer: Any, limits: Any) -> Any:
     return dataclasses.replace(limits, max_tokens_per_turn=turn, max_turns=turns, max_completion_tokens=total)
 
 
-def note_cut_probes(report: AuditReport, probes: list[Probe], tokenizer: Any, limits: Any) -> None:
-    """Name the probes the recipe's own budgets would cut (a policy cannot write them under this recipe)."""
+def cut_probes(cut: dict[str, list[str]], probes: list[Probe], tokenizer: Any, limits: Any) -> None:
+    """Add to `cut` (the recipe's budgets that cut a probe -> the probes they cut) the probes of one row that the
+    recipe's own budgets would cut (a policy cannot write them under this recipe)."""
     for probe in probes:
         lengths = turn_lengths(probe, tokenizer)
         reasons = []
@@ -234,12 +237,19 @@ def note_cut_probes(report: AuditReport, probes: list[Probe], tokenizer: Any, li
             reasons.append(f"max_turns={limits.max_turns}")
         if sum(lengths) > limits.max_completion_tokens:
             reasons.append(f"max_completion_length={limits.max_completion_tokens}")
-        note = (
-            f"probe `{probe.name}` does not fit this recipe's {' and '.join(reasons)} (with this tokenizer): it was "
-            "audited with room, as a policy could write it under larger budgets"
-        )
-        if reasons and note not in report.notes:
-            report.notes.append(note)
+        names = cut.setdefault(" and ".join(reasons), []) if reasons else []
+        if reasons and probe.name not in names:
+            names.append(probe.name)
+
+
+def cut_probe_notes(cut: dict[str, list[str]]) -> list[str]:
+    """One note per set of budgets that cut any probe, naming the probes."""
+    notes = []
+    for reasons, names in cut.items():
+        named = f"probe `{names[0]}` does" if len(names) == 1 else f"{len(names)} probes ({', '.join(names)}) do"
+        notes.append(f"{named} not fit this recipe's {reasons} (with this tokenizer): audited with room, as a "
+                     "policy could write them under larger budgets")  # fmt: skip
+    return notes
 
 
 def play(manager: Any, trajectory_format: Any, probe: Probe, row: dict[str, Any]) -> Any:
