@@ -25,10 +25,9 @@ import torch
 from transformers import LogitsProcessorList
 
 from agentic_grpo.action_choices import ActionChoiceProcessor, choice_mask
-from agentic_grpo.dropout import dropout_active
 from agentic_grpo.formats import ActionChoices
 from agentic_grpo.kv_reuse import ContextCache, generate_reusing, why_not_reusable
-from agentic_grpo.lockstep import live_on_any_process, needs_lockstep
+from agentic_grpo.shrinking_batch import live_on_any_process, needs_lockstep
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ class TransformersBackend:
 
     @property
     def lockstep(self) -> bool:
-        """Whether this process must run every turn the others run (`agentic_grpo.lockstep`)."""
+        """Whether this process must run every turn the others run (`agentic_grpo.shrinking_batch`)."""
         return needs_lockstep(self.model)
 
     def any_process_live(self, live_here: int) -> bool:
@@ -249,3 +248,43 @@ def cut_generation(ids: list[int], eos_ids: list[int], stop: list[str], tokenize
     if end is not None:
         return Generation(ids[: end + 1], "eos")
     return Generation(ids, "length")
+
+
+# --- dropout --------------------------------------------------------------------------------------
+# Dropout off while sampling and scoring, and a count of what would still draw masks.
+#
+# TRL leaves the policy in train mode while it generates; LoRA or attention dropout would then draw random masks
+# for the sampled tokens and for the old and reference log-probs computed from them. The trainer samples and
+# scores inside `dropout_off`; the sampler-trainer canary counts `dropout_active` modules at sampling time to
+# name dropout as the cause when the two disagree.
+
+
+@contextlib.contextmanager
+def dropout_off(model: torch.nn.Module) -> Iterator[None]:
+    """Every module below `model` in eval mode (no dropout, functional attention dropout included) for the block.
+
+    `model.training` itself is left as it is: TRL and the trainer read it to tell a training step from an
+    evaluation (which metrics a value goes to, whether trajectories are saved).
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    for module in model.children():
+        module.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def dropout_active(model: torch.nn.Module) -> int:
+    """How many modules below `model` would draw dropout masks now: `Dropout` layers with p > 0 and attention
+    modules with a non-zero `attention_dropout` (HF applies it functionally), in train mode."""
+    count = 0
+    for module in model.modules():
+        if not module.training:
+            continue
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            count += 1
+        elif isinstance(getattr(module, "attention_dropout", None), float) and module.attention_dropout > 0:
+            count += 1
+    return count

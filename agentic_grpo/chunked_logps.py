@@ -32,6 +32,8 @@ another adapter or mode than its forward raises instead of training on wrong gra
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,7 +42,6 @@ import torch
 from accelerate.utils import DistributedType
 from torch.utils.checkpoint import checkpoint
 
-from agentic_grpo.host_memory import release_freed_memory
 from agentic_grpo.positions import positions_from_mask
 from agentic_grpo.shared_prompt import (
     cache_keyword,
@@ -111,7 +112,7 @@ def recomputed(model: Any, function: Callable[..., Any], *tensors: Any) -> Any:
     """`function(*tensors)`, a forward of `model`, keeping none of its activations: they are recomputed when the
     backward reaches them (non-reentrant `torch.utils.checkpoint`), with positions numbered from the mask in both
     runs. The replay raises if `model`'s adapters or modes have changed since the forward. On the CPU, the memory
-    each run frees goes back to the system (`agentic_grpo.host_memory`)."""
+    each run frees goes back to the system (`agentic_grpo.chunked_logps`)."""
     state, device = _model_state(model), tensors[0].device
 
     def contexts() -> tuple[Any, Any]:
@@ -246,3 +247,31 @@ class ChunkedLogps:
             end = min(start + columns, width)
             parts.append(recomputed(model, read, input_ids[:, start:end], attention_mask[:, :end], tuple(parts)))
         return joined_columns(parts)
+
+
+# --- host memory ----------------------------------------------------------------------------------
+# Freed host memory handed back to the system, so that a CPU run's resident size follows what it holds.
+#
+# PyTorch's CPU tensors come from the C heap (glibc `malloc`). Tensors under glibc's mmap threshold (which rises to
+# 32 MB as large blocks are freed) live in heap arenas, and a freed block there stays resident until a later
+# allocation reuses it: a step that frees a rollout's key/value caches, then the pieces of a loss read, leaves
+# holes that different-sized tensors do not fill. The resident size then grows to about twice what the tensors
+# need. `release_freed_memory` returns the heap's free pages to the system (glibc's `malloc_trim`) at the points
+# where a phase has just freed a lot; it does nothing where the C library has no such call.
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return getattr(libc, "malloc_trim", None)
+
+
+def release_freed_memory(device: torch.device | str = "cpu") -> None:
+    """Hand the C heap's free pages back to the system when `device` is the CPU (tensors on an accelerator are
+    not in the C heap)."""
+    trim = _malloc_trim()
+    if trim is not None and torch.device(device).type == "cpu":
+        trim(0)

@@ -30,10 +30,9 @@ from typing import Any
 
 import torch
 
-from agentic_grpo.lockstep import needs_lockstep
 from agentic_grpo.positions import position_ids_from_mask
 from agentic_grpo.shared_prompt import cache_keyword
-from agentic_grpo.shrinking_batch import sample_shrinking, stop_string_criteria
+from agentic_grpo.shrinking_batch import needs_lockstep, sample_shrinking, stop_string_criteria
 
 CONTEXT_READING_PROCESSORS = {
     "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "min_length": 0,
@@ -101,7 +100,7 @@ def why_not_reusable(model: Any, generation_config: Any) -> str | None:
         return "encoder-decoder model"
     if needs_lockstep(model):
         # Each process reads the contexts it has not seen, a number of forward passes of its own: processes in
-        # lockstep must each run one `generate` per turn (`agentic_grpo.lockstep`).
+        # lockstep must each run one `generate` per turn (`agentic_grpo.shrinking_batch`).
         return "the processes decode in lockstep (a policy sharded by ZeRO-3 or FSDP)"
     try:
         layers = DynamicCache(config=model.config).layers

@@ -24,8 +24,8 @@ from typing import Any
 from agentic_grpo.backends import GenerationBackend
 from agentic_grpo.environment import SANDBOX_GRACE_S, ToolEnvironment
 from agentic_grpo.formats import FinalAnswer, Malformed, TrajectoryFormat
+from agentic_grpo.tool_output import encode_untrusted, truncate_tool_output
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
-from agentic_grpo.truncation import encode_untrusted, truncate_tool_output
 
 logger = logging.getLogger(__name__)
 
@@ -384,6 +384,6 @@ def with_observation(prompt: Any, observation: str | None) -> Any:
 
 def turn_is_due(backend: GenerationBackend, live_here: int) -> bool:
     """Whether a turn is due: this process has live trajectories, or, for a backend whose processes decode in
-    lockstep (`agentic_grpo.lockstep`), any process has."""
+    lockstep (`agentic_grpo.shrinking_batch`), any process has."""
     ask = getattr(backend, "any_process_live", None)
     return ask(live_here) if ask is not None else live_here > 0

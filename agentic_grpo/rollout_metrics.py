@@ -1,15 +1,18 @@
 """The rollout metrics of a training batch: tool calls, errors, turns, trainable tokens and time.
 
 `tools/*`, `trajectories/*`, `tokens/trainable_ratio` and `time/generation`, `time/tools` (DESIGN.md's metric
-names), returned as a dict that the trainer logs with TRL's own.
+names), returned as a dict that the trainer logs with TRL's own; and `completions/clipped_ratio` with the
+terminated lengths, from finish reasons (`clipped_metrics`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from agentic_grpo.rollout import RolloutStats
-from agentic_grpo.trajectory import Trajectory
+from agentic_grpo.trajectory import Trajectory, is_truncated
 
 
 def rollout_metrics(
@@ -48,4 +51,24 @@ def rollout_metrics(
         "tokens/trainable_ratio": trainable / tokens if tokens else 0.0,
         "time/generation": gen_s / procs,
         "time/tools": tool_s / procs,
+    }
+
+
+def clipped_metrics(
+    trajectories: list[Trajectory], gather: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, float]:
+    """`completions/clipped_ratio` and the terminated-length metrics beside it, from finish reasons over every
+    process's trajectories (`gather` is collective): the values that replace those TRL logged from its
+    last-token test."""
+    truncated = torch.tensor([is_truncated(t) for t in trajectories], dtype=torch.bool)
+    lengths = torch.tensor([sum(t.loss_mask) for t in trajectories], dtype=torch.float32)
+    truncated, lengths = gather(truncated).cpu(), gather(lengths).cpu()
+    terminated = lengths[~truncated]
+    if terminated.numel() == 0:
+        terminated = torch.zeros(1)
+    return {
+        "completions/clipped_ratio": truncated.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item(),
+        "completions/min_terminated_length": terminated.min().item(),
+        "completions/max_terminated_length": terminated.max().item(),
     }

@@ -40,35 +40,30 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from agentic_grpo.advantages import assign_turn_credit
-from agentic_grpo.backends import GenerationBackend, TrainerBackend
-from agentic_grpo.canaries import check_sampler_agreement
+from agentic_grpo.backends import GenerationBackend, TrainerBackend, dropout_off
+from agentic_grpo.canaries import ResumeCanary, check_sampler_agreement
 from agentic_grpo.checkpoints import AtomicCheckpoints
-from agentic_grpo.chunked_logps import ChunkedLogps
-from agentic_grpo.clipped import clipped_metrics, masked_loss_mask
+from agentic_grpo.chunked_logps import ChunkedLogps, release_freed_memory
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.data import with_row
-from agentic_grpo.dropout import dropout_off
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.epoch_order import ResumableOrder
 from agentic_grpo.formats import TrajectoryFormat
-from agentic_grpo.host_memory import release_freed_memory
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
-from agentic_grpo.missing_rewards import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.positions import positions_from_mask
-from agentic_grpo.resume_canary import ResumeCanary
 from agentic_grpo.reward_setup import guard_rewards
-from agentic_grpo.rollout_metrics import rollout_metrics
+from agentic_grpo.reward_values import fill_missing_with_group_mean, raw_reward_means
+from agentic_grpo.rollout_metrics import clipped_metrics, rollout_metrics
 from agentic_grpo.rollout_parts import RolloutParts
-from agentic_grpo.run_files import RunFilesCallback, trajectory_records
+from agentic_grpo.run_files import RunFilesCallback, log_trajectory_table, trajectory_records, wandb_reporting
 from agentic_grpo.run_parts import build_rollout_parts
 from agentic_grpo.selection import batch_selection_metrics
 from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_trainer_setup
-from agentic_grpo.trajectory import Trajectory
+from agentic_grpo.trajectory import Trajectory, masked_loss_mask
 from agentic_grpo.trl_environment import tool_environment_factory, with_environment_reward
 from agentic_grpo.vllm_backend import VLLMBackend, engine_as_the_policy
 from agentic_grpo.vllm_server import install_server_generation, trl_without_weight_transfer
-from agentic_grpo.wandb_table import log_trajectory_table, wandb_reporting
 
 # We use `rollout_func` on purpose; TRL's "experimental" banner would only alarm users.
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -316,7 +311,7 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
             raise RuntimeError("rollout_func got prompts without their dataset rows: roll out through the trainer "
                                "(`train()`, `generate_and_score`)")  # fmt: skip
         # Freed host memory back to the system before the rollout (the last step's backward) and after it (its
-        # key/value caches), so that each phase starts from what the process holds (`agentic_grpo.host_memory`).
+        # key/value caches), so that each phase starts from what the process holds (`agentic_grpo.chunked_logps`).
         release_freed_memory(self.accelerator.device)
         trajectories, stats = self._sample(prompts, rows)
         release_freed_memory(self.accelerator.device)

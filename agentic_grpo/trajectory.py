@@ -200,3 +200,22 @@ class Trajectory:
 def plain_columns(row: dict[str, Any]) -> dict[str, Any]:
     """The row's JSON-ready columns: what a trajectory record keeps of its dataset row."""
     return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
+
+
+# Which trajectories a token budget cut, from the rollout's finish reason rather than the last token. TRL calls a
+# completion truncated when its last token is not EOS; a multi-turn trajectory often ends on a stop string
+# (`Observation:`, `</python>`) or runs out of turns without being cut at all, so that test mislabels them. Here a
+# trajectory is truncated exactly when its finish reason is `length`: a turn or the whole trajectory hit its token
+# budget. This drives `completions/clipped_ratio` (`agentic_grpo.rollout_metrics.clipped_metrics`) and
+# `mask_truncated_completions`, applied through the loss mask.
+
+
+def is_truncated(trajectory: Trajectory) -> bool:
+    """True when a token budget cut the trajectory (finish reason `length`)."""
+    return trajectory.finish_reason == "length"
+
+
+def masked_loss_mask(trajectory: Trajectory, mask_truncated: bool) -> list[int]:
+    """The trajectory's loss mask; all zeros when `mask_truncated` and a budget cut it."""
+    mask = trajectory.loss_mask
+    return [0] * len(mask) if mask_truncated and is_truncated(trajectory) else mask

@@ -130,7 +130,7 @@ def train_trl(prepared: Any, model_path: str, dataset: Any, recorded: dict[str, 
     """Plain TRL on the same rollouts: our config's TRL fields, the recipe's rewards, a replaying `rollout_func`."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from agentic_grpo.clipped import masked_loss_mask
+    from agentic_grpo.trajectory import masked_loss_mask
 
     ours = prepared.config
     fields = {f.name: getattr(ours, f.name) for f in dataclasses.fields(GRPOConfig) if f.init}

@@ -93,7 +93,7 @@ def test_a_resume_in_a_later_epoch_ends_where_the_uninterrupted_run_ends(tiny_mo
     and ends with the uninterrupted run's weights, bit for bit."""
     import shutil
 
-    from agentic_grpo.resume_canary import weights_fingerprint
+    from agentic_grpo.canaries import weights_fingerprint
 
     whole = trainer_for(tiny_model_dir, tmp_path / "whole", max_steps=6)
     whole.train()

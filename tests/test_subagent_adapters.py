@@ -123,7 +123,7 @@ def test_adapter_switch_puts_back_adapter_grads_and_mode_even_when_generation_fa
 def test_a_subagent_call_inside_the_rollout_leaves_dropout_off_below_the_root(tiny_model_dir, adapters):
     """The trainer samples with the root in train mode and every module below it in eval (`dropout_off`); a
     sub-agent's generation must give back that state, not switch every module to train mode."""
-    from agentic_grpo.dropout import dropout_off
+    from agentic_grpo.backends import dropout_off
 
     x_path, y_path = adapters
     model = policy_with(tiny_model_dir, x_path)

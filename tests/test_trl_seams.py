@@ -14,10 +14,10 @@ import torch
 from transformers import Trainer
 from trl import GRPOTrainer
 
+from agentic_grpo.canaries import ResumeCanary
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.chunked_logps import ChunkedLogps
 from agentic_grpo.epoch_order import ResumableOrder
-from agentic_grpo.resume_canary import ResumeCanary
 from agentic_grpo.trainer import PRIVATE_SEAMS, SEAM_RETURNS, AgenticGRPOTrainer
 from tests.helpers import require_vllm
 

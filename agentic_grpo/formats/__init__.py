@@ -28,6 +28,7 @@ class Malformed:
 
 Parsed = ToolCall | FinalAnswer | Malformed
 
+
 @dataclass(frozen=True)
 class ActionChoices:
     """After the last `marker` in a turn, the text must go on as one of `continuations`."""

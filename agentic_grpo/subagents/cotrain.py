@@ -9,7 +9,7 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
 - Reward: shared. A child's reward is the weighted reward of the root trajectory it served, plus its role's
   own rewards when the sub-agent's entry names some (`rewards:`, scoring the child on its sub-task row). A role
   reward that gives None for a child counts as that reward's mean over the child's group, as a policy reward's
-  None does (`agentic_grpo.missing_rewards`).
+  None does (`agentic_grpo.reward_values`).
 - Groups: a role's group is every call it answered under the G samples of one query (a parent that called
   it twice gives two samples). Advantage = (reward - group mean) / (group std + 1e-4), with TRL's
   `scale_rewards` (`group`, `batch`: std over all the role's samples, `none`: no division). A group of one
@@ -37,11 +37,11 @@ import torch
 from accelerate.utils import DistributedType, gather_object
 
 from agentic_grpo.canaries import CanaryError, canary_limit, likely_causes, logprob_agreement, sampler_disagreement
-from agentic_grpo.clipped import masked_loss_mask
 from agentic_grpo.reward_setup import score_trajectories
 from agentic_grpo.subagents.adapters import adapter_active
 from agentic_grpo.subagents.role_loss import LOSS_TYPES, ChildSample, completion_tensor, padded, role_loss
 from agentic_grpo.subagents.usage import descendants
+from agentic_grpo.trajectory import masked_loss_mask
 
 POLICY_ROLE = "policy"
 """The role name of the trained policy itself (the orchestrator), in `roles/<name>/...` metrics."""
@@ -157,7 +157,7 @@ def assign_advantages(
     for role, group, _, scores, _ in everything:
         own[role, group].append(scores)
     # A role's reward that gave None counts as that reward's mean over the group, as the policy's missing rewards
-    # do (`agentic_grpo.missing_rewards`); missing throughout the group, it counts as 0 for every member.
+    # do (`agentic_grpo.reward_values`); missing throughout the group, it counts as 0 for every member.
     fill = {key: [_nanmean(column) for column in zip(*rows, strict=True)] for key, rows in own.items()}
 
     def total(role: str, group: int, reward: float, scores: tuple[float, ...]) -> float:

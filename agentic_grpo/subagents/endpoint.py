@@ -20,8 +20,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from agentic_grpo.formats import FinalAnswer, Malformed
+from agentic_grpo.tool_output import encode_untrusted, truncate_tool_output
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
-from agentic_grpo.truncation import encode_untrusted, truncate_tool_output
 
 if TYPE_CHECKING:
     from agentic_grpo.rollout import RolloutManager

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentic_grpo.dropout import dropout_off
+from agentic_grpo.backends import dropout_off
 from agentic_grpo.subagents.cotrain import CoTraining
 from agentic_grpo.subagents.usage import subagent_metrics
 
