@@ -35,7 +35,7 @@ import torch
 from agentic_grpo.backends import dropout_off
 from agentic_grpo.positions import positions_from_mask
 from agentic_grpo.run_files import write_run_status
-from agentic_grpo.sampling_distribution import filters_of, processed_token_logprobs
+from agentic_grpo.shrinking_batch import filters_of, processed_token_logprobs
 from agentic_grpo.trainer_checks import check_resume_between_cycles
 
 TOKEN_LIMIT = 0.5
@@ -199,7 +199,7 @@ def check_sampler_agreement(trainer: Any, output: dict[str, Any], trajectories: 
     start = time.perf_counter()
     tokens = output["completion_mask"] * output.get("tool_mask", 1)
     padded = output["prompt_mask"][:, 0] == 0
-    # vLLM reports log-probs after top-k/top-p/min-p (`agentic_grpo.sampling_distribution`); the trainer's own
+    # vLLM reports log-probs after top-k/top-p/min-p (`agentic_grpo.shrinking_batch`); the trainer's own
     # read does not filter, so under those filters the canary reads the rows itself and filters as the sampler did.
     filters = filters_of(trainer)
     processed = trainer.use_vllm and filters.active

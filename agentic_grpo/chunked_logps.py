@@ -42,9 +42,8 @@ import torch
 from accelerate.utils import DistributedType
 from torch.utils.checkpoint import checkpoint
 
-from agentic_grpo.positions import positions_from_mask
+from agentic_grpo.positions import cache_keyword, positions_from_mask
 from agentic_grpo.shared_prompt import (
-    cache_keyword,
     joined_columns,
     read_on_prompts,
     read_prompts,

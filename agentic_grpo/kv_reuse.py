@@ -30,8 +30,7 @@ from typing import Any
 
 import torch
 
-from agentic_grpo.positions import position_ids_from_mask
-from agentic_grpo.shared_prompt import cache_keyword
+from agentic_grpo.positions import cache_keyword, position_ids_from_mask
 from agentic_grpo.shrinking_batch import needs_lockstep, sample_shrinking, stop_string_criteria
 
 CONTEXT_READING_PROCESSORS = {

@@ -7,6 +7,8 @@ function (attention sees only differences of positions); for models with absolut
 (GPT-2 and its kind) it is not: the trainer would score a padded row at shifted positions, and disagree with
 the sampler by a tenth of a nat per token. `positions_from_mask` gives every forward inside it the mask's
 numbering, so sampler and trainer read the same positions for every model.
+
+`cache_keyword` names the other input every read passes by a name that depends on the model: its key/value cache.
 """
 
 from __future__ import annotations
@@ -52,3 +54,10 @@ def positions_from_mask(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+def cache_keyword(model: Any) -> str:
+    """The name under which `model`'s forward takes a key/value cache: `cache` since transformers renamed
+    `past_key_values` (the old name is still accepted there, with a warning, until 5.40)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"

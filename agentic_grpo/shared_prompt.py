@@ -18,11 +18,12 @@ the loss's rows in pieces on the prompts read once).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from agentic_grpo.positions import cache_keyword
 
 
 def shared_prompt_rows(
@@ -40,13 +41,6 @@ def shared_prompt_rows(
         0, inverse, rows, reduce="amin"
     )
     return first, inverse
-
-
-def cache_keyword(model: Any) -> str:
-    """The name under which `model`'s forward takes a key/value cache: `cache` since transformers renamed
-    `past_key_values` (the old name is still accepted there, with a warning, until 5.40)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
 
 def cached(config: Any, keys_values: Sequence[torch.Tensor]) -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.sampling_distribution import filters_of
+from agentic_grpo.shrinking_batch import filters_of
 
 
 def check_trainer_setup(
@@ -53,7 +53,7 @@ def check_trainer_setup(
     filtered = filters_of(args).named()
     sequence_level = getattr(args, "vllm_importance_sampling_mode", None) in ("sequence_mask", "sequence_truncate")
     if args.use_vllm and getattr(args, "vllm_importance_sampling_correction", False) and sequence_level and filtered:
-        # vLLM reports the filtered distribution's log-probs (`agentic_grpo.sampling_distribution`), TRL's ratio
+        # vLLM reports the filtered distribution's log-probs (`agentic_grpo.shrinking_batch`), TRL's ratio
         # divides the trainer's unfiltered probability by it: below 1 for every sampled token, and its product over
         # a whole trajectory is near 0, so every sequence is masked or scaled to nothing.
         raise ValueError(

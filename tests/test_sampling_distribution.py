@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.sampling_distribution import SamplingFilters, processed_log_softmax, processed_token_logprobs
+from agentic_grpo.shrinking_batch import SamplingFilters, processed_log_softmax, processed_token_logprobs
 from agentic_grpo.trainer_checks import check_trainer_setup
 from tests.helpers import require_vllm
 
