@@ -256,7 +256,9 @@ def cut_generation(ids: list[int], eos_ids: list[int], stop: list[str], tokenize
 # TRL leaves the policy in train mode while it generates; LoRA or attention dropout would then draw random masks
 # for the sampled tokens and for the old and reference log-probs computed from them. The trainer samples and
 # scores inside `dropout_off`; the sampler-trainer canary counts `dropout_active` modules at sampling time to
-# name dropout as the cause when the two disagree.
+# name dropout as the cause when the two disagree. TRL's `disable_dropout: true` sets every dropout to 0 for the
+# whole run, the loss's forward included; `dropout_off` is for a run that keeps dropout in its loss, and is a
+# no-op under `disable_dropout`.
 
 
 @contextlib.contextmanager

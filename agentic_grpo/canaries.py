@@ -33,9 +33,8 @@ import numpy as np
 import torch
 
 from agentic_grpo.backends import dropout_off
-from agentic_grpo.positions import positions_from_mask
 from agentic_grpo.run_files import write_run_status
-from agentic_grpo.shrinking_batch import filters_of, processed_token_logprobs
+from agentic_grpo.shrinking_batch import filters_of, positions_from_mask, processed_token_logprobs
 from agentic_grpo.trainer_checks import check_resume_between_cycles
 
 TOKEN_LIMIT = 0.5

@@ -25,7 +25,7 @@ same weights as one whole read, so log-probs, entropies and gradients equal the 
 unchanged on the concatenated pieces.
 
 A recomputed forward must see the model as the first one did: positions are numbered from the mask in both runs
-(`agentic_grpo.positions`), dropout draws the same masks (the random state is restored), and a replay under
+(`agentic_grpo.shrinking_batch`), dropout draws the same masks (the random state is restored), and a replay under
 another adapter or mode than its forward raises instead of training on wrong gradients.
 """
 
@@ -42,7 +42,6 @@ import torch
 from accelerate.utils import DistributedType
 from torch.utils.checkpoint import checkpoint
 
-from agentic_grpo.positions import cache_keyword, positions_from_mask
 from agentic_grpo.shared_prompt import (
     joined_columns,
     read_on_prompts,
@@ -50,6 +49,7 @@ from agentic_grpo.shared_prompt import (
     shared_prompt_logps,
     shared_prompt_rows,
 )
+from agentic_grpo.shrinking_batch import cache_keyword, positions_from_mask
 
 LOSS_CHUNK_TOKENS = 1024
 """The most tokens' activations (`row_tokens`) one piece of the policy's loss read keeps (for a 135M model of 30

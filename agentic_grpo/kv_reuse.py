@@ -30,8 +30,13 @@ from typing import Any
 
 import torch
 
-from agentic_grpo.positions import cache_keyword, position_ids_from_mask
-from agentic_grpo.shrinking_batch import needs_lockstep, sample_shrinking, stop_string_criteria
+from agentic_grpo.shrinking_batch import (
+    cache_keyword,
+    needs_lockstep,
+    position_ids_from_mask,
+    sample_shrinking,
+    stop_string_criteria,
+)
 
 CONTEXT_READING_PROCESSORS = {
     "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "min_length": 0,

@@ -11,7 +11,7 @@ prompt's cost per distinct prompt instead of one per row.
 
 TRL (1.16) has no such path, and transformers' `DynamicCache` serves generation; this module only lays one
 under TRL's fused log-prob head. Position ids are those of the whole-row read: the trainer numbers both from
-the attention mask (`agentic_grpo.positions`), the cached read's new tokens taking the mask's last columns.
+the attention mask (`agentic_grpo.shrinking_batch`), the cached read's new tokens taking the mask's last columns.
 The trainer takes this path under `read_prompt_once` (`agentic_grpo.chunked_logps.ChunkedLogps`, which also reads
 the loss's rows in pieces on the prompts read once).
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from agentic_grpo.positions import cache_keyword
+from agentic_grpo.shrinking_batch import cache_keyword
 
 
 def shared_prompt_rows(

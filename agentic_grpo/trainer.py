@@ -14,7 +14,7 @@ training step, in order:
    (recipe field `advantage`).
 5. `compute_loss`: TRL's loss, read in pieces recomputed in backward (`agentic_grpo.chunked_logps`). Every read
    of the trajectories numbers positions from the attention mask, as the sampler does
-   (`_get_per_token_logps_and_entropies`, `agentic_grpo.positions`).
+   (`_get_per_token_logps_and_entropies`, `agentic_grpo.shrinking_batch`).
 
 This trainer is the policy's alone. Sub-agents (`agentic_grpo.subagents.layer`) and experiments
 (`agentic_grpo.experimental.layer`) are layers: subclasses that extend these steps, composed for a recipe by
@@ -50,7 +50,6 @@ from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.epoch_order import ResumableOrder
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
-from agentic_grpo.positions import positions_from_mask
 from agentic_grpo.reward_setup import guard_rewards
 from agentic_grpo.reward_values import fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.rollout_metrics import clipped_metrics, rollout_metrics
@@ -58,6 +57,7 @@ from agentic_grpo.rollout_parts import RolloutParts
 from agentic_grpo.run_files import RunFilesCallback, log_trajectory_table, trajectory_records, wandb_reporting
 from agentic_grpo.run_parts import build_rollout_parts
 from agentic_grpo.selection import batch_selection_metrics
+from agentic_grpo.shrinking_batch import positions_from_mask
 from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_trainer_setup
 from agentic_grpo.trajectory import Trajectory, masked_loss_mask
