@@ -2,7 +2,7 @@
 
 Runs a recipe through `train` (default: the demo, `cpu_demo`) for `--steps` steps and records, during the last
 step only, every function called in a file of this project (the package, `tools/`, `rewards/`), in every thread.
-Prints each file with the functions it ran, then the count. Anything after `--` is passed to the recipe:
+Prints JSON: the count of files and each file with the functions it ran. Anything after `--` is passed to the recipe:
 
     agentic-grpo bench trace                                   # the demo's second step (SmolLM2; ~10 min traced)
     agentic-grpo bench trace -- --model_name_or_path tiny-random-llama   # faster; a random model calls no tool
@@ -11,6 +11,7 @@ Prints each file with the functions it ran, then the count. Anything after `--` 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import threading
@@ -68,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                         "--save_steps", str(args.steps + 1), "--output_dir", out, *args.overrides])  # fmt: skip
     sys.setprofile(None)
     threading.setprofile(None)
-    for name, functions in sorted(seen.items()):
-        print(f"{name:44s} {', '.join(sorted(functions))}")
-    print(f"{len(seen)} files ran in the traced step")
+    files = {name: sorted(functions) for name, functions in sorted(seen.items())}
+    print(
+        json.dumps({"recipe": args.recipe, "traced_step": args.steps, "count": len(files), "files": files}, indent=1)
+    )
     return status
 
 
