@@ -11,6 +11,7 @@ Prints JSON: the count of files and each file with the functions it ran. Anythin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer_module.AgenticGRPOTrainer.__init__ = with_tracer
     sys.setprofile(record)
     threading.setprofile(record)
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON alone
         status = train(["--config", args.recipe, "--max_steps", str(args.steps), "--eval_before_after", "false",
                         "--save_steps", str(args.steps + 1), "--output_dir", out, *args.overrides])  # fmt: skip
     sys.setprofile(None)
