@@ -78,9 +78,11 @@ class AgenticGRPOConfig(GRPOConfig):
     )
 
     # --- rollout
-    environment: str = _field(
+    environment: dict | str | None = _field(
         "agentic_grpo.tools.calculator:Calculator",
-        "Tool environment class by import path (`module:Class`), one instance per trajectory.",
+        "Tool environment class by import path (`module:Class`), one instance per trajectory; or MCP servers' "
+        "tools: `{mcp: {command: [...]} or {url: ...} or a list of servers, class: module:Class (optional Python "
+        "tools beside them)}`, a session per trajectory (docs/mcp.md).",
     )  # fmt: skip
     environment_kwargs: dict | str | None = _field(None, "Keyword arguments for the environment class's constructor.")
     format: str = _field(
@@ -221,6 +223,8 @@ class AgenticGRPOConfig(GRPOConfig):
                 setattr(self, name, yaml.safe_load(value))
             if getattr(self, name) is None:
                 setattr(self, name, {})
+        if isinstance(self.environment, str) and self.environment.lstrip().startswith("{"):  # a mapping, as text
+            self.environment = yaml.safe_load(self.environment)
         if isinstance(self.subagents, str):
             self.subagents = yaml.safe_load(self.subagents)
         self.subagents = list(self.subagents or [])

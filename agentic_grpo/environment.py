@@ -167,11 +167,15 @@ class ToolEnvironment:
 
 @functools.cache
 def _schemas_of(cls: type[ToolEnvironment]) -> dict[str, dict[str, Any]]:
-    """Tool name -> JSON schema, built once per class: `execute` checks every call against it."""
+    """Tool name -> JSON schema, built once per class: `execute` checks every call against it. A tool function
+    with a `tool_schema` attribute gives its schema as is."""
     from transformers.utils import get_json_schema  # here, not at import: `agentic-grpo sandbox exec` starts fast
 
     schemas = {}
     for name, fn in cls.tools().items():
+        if hasattr(fn, "tool_schema"):  # a tool that brings its own schema: an MCP server's (mcp_environment)
+            schemas[name] = copy.deepcopy(fn.tool_schema)
+            continue
         try:
             schema = get_json_schema(fn)
         except Exception as exc:  # noqa: BLE001 - re-raised with the tool named

@@ -18,10 +18,20 @@ from agentic_grpo.rollout import RolloutLimits, RolloutManager
 from agentic_grpo.trl_environment import as_tool_environment, is_trl_environment
 
 
-def load_environment(path: str | type, allow_no_tools: bool = False) -> type[ToolEnvironment]:
+def load_environment(path: str | dict | type, allow_no_tools: bool = False) -> type[ToolEnvironment]:
     """The environment class named by a recipe (or given), checked to be a `ToolEnvironment` with valid tool
     schemas; one without tools only when `allow_no_tools` (an agent whose tools are sub-agents, or none). A class
-    written for TRL's `environment_factory` comes back wrapped (`agentic_grpo.trl_environment`)."""
+    written for TRL's `environment_factory` comes back wrapped (`agentic_grpo.trl_environment`); a mapping names
+    MCP servers (`{mcp: ..., class: ...}`), whose tools join the class's, if any (`agentic_grpo.mcp_environment`)."""
+    if isinstance(path, dict):
+        from agentic_grpo.mcp_environment import environment_parts, with_mcp_servers
+
+        python, servers = environment_parts(path)
+        base = ToolEnvironment if python is None else load_environment(python, allow_no_tools=True)
+        cls = with_mcp_servers(base, servers)  # starts each server once, to ask for its tools
+        if not cls.tools() and not allow_no_tools:
+            raise PluginError(f"environment `{path}` has no tools: its MCP servers offer none")
+        return cls
     cls = path if isinstance(path, type) else import_object(path, what="environment")
     if is_trl_environment(cls):  # written for TRL's `environment_factory`: run under this contract
         cls = as_tool_environment(cls)
