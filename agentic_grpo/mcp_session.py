@@ -101,6 +101,28 @@ class MCPServerSpec:
         return stdio_client(parameters, errlog=stderr)
 
 
+class _StdoutNoise(logging.Filter):
+    """The SDK logs a whole traceback for each line a stdio server prints that is not an MCP message (a server's
+    own `print`): one line instead, naming the fix, once per process."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != "Failed to parse JSONRPC message from server":
+            return True
+        if self.said:
+            return False
+        self.said = True
+        record.msg, record.args, record.exc_info, record.exc_text = (
+            "an MCP server printed a line to stdout that is not an MCP message; the line is skipped. Over stdio, "
+            "stdout carries the protocol: a server writes its own output to stderr (`print(..., file=sys.stderr)`, "
+            "or logging)", None, None, None,
+        )  # fmt: skip
+        return True
+
+
+logging.getLogger("mcp.client.stdio").addFilter(_StdoutNoise())
+
 _LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None
 _LOOP_LOCK = threading.Lock()
 

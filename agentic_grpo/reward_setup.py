@@ -29,13 +29,19 @@ ENTRY_KEYS = ("type", "weight", "name")
 
 
 def build_rewards(specs: Any) -> tuple[list[Callable], list[float]]:
-    """Reward callables and their weights from a recipe's `rewards:` list."""
+    """Reward callables and their weights from a recipe's `rewards:` list (or its YAML text, from the command
+    line: `--rewards '[{type: ...}]'`)."""
+    if isinstance(specs, str):
+        import yaml
+
+        specs = yaml.safe_load(specs)
     if not specs:
         raise ValueError(
             "recipe field `rewards` is empty: name at least one, e.g. `{type: agentic_grpo.rewards.rules:Correctness}`"
         )
     if not isinstance(specs, list):
-        raise ValueError("recipe field `rewards` must be a list of `{type: module:Class, weight: w, ...}`")
+        raise ValueError(f"recipe field `rewards` must be a list of `{{type: module:Class, weight: w, ...}}`, got "
+                         f"{specs!r:.120}")  # fmt: skip
     funcs, weights, names = [], [], set()
     for position, spec in enumerate(specs):
         if not isinstance(spec, dict) or "type" not in spec:

@@ -85,6 +85,7 @@ def checking_values(func: Callable) -> Callable:
     checking.__name__ = name
     checking.values_checked = True
     checking.scoring_summary = scoring_summary
+    checking.value_counts = counts  # summed over processes at the end (`agentic_grpo.train.add_up_reward_totals`)
     checking.needs_whole_groups = bool(getattr(func, "needs_whole_groups", False))
     return checking
 

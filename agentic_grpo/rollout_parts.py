@@ -7,6 +7,7 @@ and the reward audit receive them.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,11 @@ def load_environment(path: str | dict | type, allow_no_tools: bool = False) -> t
                           "environment written for TRL's `environment_factory` (a class with `reset`)")  # fmt: skip
     if not cls.tools() and not allow_no_tools:
         raise PluginError(f"environment `{path}` has no tools: add public methods with type hints and docstrings")
-    cls.tool_schemas()  # raises, naming the tool, when a docstring or hint is missing
+    check_reset(cls)
+    try:
+        cls.tool_schemas()
+    except TypeError as exc:  # names the tool and the fix: one line, not transformers' chained traceback
+        raise PluginError(str(exc)) from None
     return cls
 
 
@@ -81,3 +86,16 @@ class RolloutParts:
     def all_agents(self) -> list[Any]:
         """Every sub-agent of the tree below these parts: children before their own sub-agents."""
         return [found for agent in self.agents for found in (agent, *agent.parts.all_agents())]
+
+
+def check_reset(cls: type[ToolEnvironment]) -> None:
+    """Refuse a `ToolEnvironment.reset` that cannot take the one argument the rollout gives it (the row)."""
+
+    try:
+        inspect.signature(cls.reset).bind(None, {})
+    except TypeError:
+        raise PluginError(
+            f"`{cls.__name__}.reset{inspect.signature(cls.reset)}` cannot be called as `reset(row)`: a ToolEnvironment's "
+            "`reset` takes the dataset row, one dict (`def reset(self, row: dict) -> None`, then `row['answer']`); a "
+            "class written for TRL's `reset(**columns)` must not derive from ToolEnvironment (docs/trl_environments.md)"
+        ) from None

@@ -37,8 +37,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Train with a recipe; `prog` is the command name `--help` shows (`train.py` or `agentic-grpo train`)."""
     quiet_known_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        argv = ["--config", DEFAULT_RECIPE]
+    helping = bool(argv) and argv[0] in ("-h", "--help")
+    if not helping and not any(arg == "--config" or arg.startswith("--config=") for arg in argv):
+        # No recipe: the demo's, with any fields given (`--max_steps 2` caps the demo).
+        argv = ["--config", DEFAULT_RECIPE, *argv]
         print(f"No recipe given: running the offline CPU demo (recipe `{DEFAULT_RECIPE}`).", flush=True)
     from agentic_grpo.dry_run import wants_dry_run
 
@@ -62,7 +64,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return run(prepared)
+    from agentic_grpo.reward_values import RewardValueError
+
+    try:
+        return run(prepared)
+    except RewardValueError as exc:  # a reward's own bug, named with the value and the fix: no traceback
+        print(f"\nerror: {exc}", file=sys.stderr)  # on a line of its own, after the progress bar
+        return 2
 
 
 def launch_with_accelerate(argv: list[str]) -> int:
@@ -394,6 +402,10 @@ def add_up_reward_totals(rewards: list, processes: int) -> None:
         if isinstance(totals, dict):
             everyone = gather_object([dict(totals)])
             target.totals = {key: sum(each.get(key, 0) for each in everyone) for key in totals}
+        counts = getattr(func, "value_counts", None)  # the checked values' counts (`reward_values.checking_values`)
+        if isinstance(counts, dict):
+            everyone = gather_object([dict(counts)])
+            counts.update({key: sum(each.get(key, 0) for each in everyone) for key in counts})
 
 
 def summary(output_dir: Path, rewards: list | None = None) -> str:

@@ -51,7 +51,7 @@ from agentic_grpo.epoch_order import ResumableOrder
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.reward_setup import guard_rewards
-from agentic_grpo.reward_values import fill_missing_with_group_mean, raw_reward_means
+from agentic_grpo.reward_values import RewardValueError, fill_missing_with_group_mean, raw_reward_means
 from agentic_grpo.rollout_metrics import clipped_metrics, rollout_metrics
 from agentic_grpo.rollout_parts import RolloutParts
 from agentic_grpo.run_files import RunFilesCallback, log_trajectory_table, trajectory_records, wandb_reporting
@@ -227,8 +227,10 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
             if self.model.training:
                 path = self._save_trajectories(inputs, None, error=f"{type(exc).__name__}: {exc}")
                 if path is not None:
-                    print(f"The step's trajectories are in {path}. To go on when a reward raises, set "
-                          "`on_reward_error: none`: that reward then gives None for the batch.", flush=True)  # fmt: skip
+                    advice = "" if isinstance(exc, RewardValueError) else (
+                        " To go on when a reward raises, set `on_reward_error: none`: that reward then gives None "
+                        "for the batch.")  # fmt: skip
+                    print(f"The step's trajectories are in {path}.{advice}", flush=True)
             raise
         trajectories = [row["trajectory"] for row in inputs]
         # TRL counted a completion cut when its last token is not EOS; a trajectory is cut when a budget cut it.

@@ -3,7 +3,8 @@
 
 Its tools: `multiply` (a calculator), `remember`/`recall` (state that lives as long as the session's server),
 `fail` (raises), `hang` (sleeps past any timeout), `pid` (the serving process, for the tests that kill it or
-look for orphans), `variable` (what the server's environment holds). With `MCP_TEST_PID_DIR` set, the process writes an empty file named after its pid there on
+look for orphans), `variable` (what the server's environment holds). With `MCP_TEST_NOISY` set, it prints
+to stdout (where the protocol runs) before serving, as a server whose author meant a console would. With `MCP_TEST_PID_DIR` set, the process writes an empty file named after its pid there on
 start, so a test can find every server a run started.
 """
 
@@ -63,6 +64,8 @@ def variable(name: str) -> str:
 
 
 if __name__ == "__main__":
+    if os.environ.get("MCP_TEST_NOISY"):
+        print("debug: starting the test tools", flush=True)
     if os.environ.get("MCP_TEST_PID_DIR"):
         (Path(os.environ["MCP_TEST_PID_DIR"]) / str(os.getpid())).touch()
     if len(sys.argv) == 3 and sys.argv[1] == "--http":

@@ -60,6 +60,29 @@ def test_help_names_the_command_and_lists_every_format(capsys):
     assert "example_turns" in out
 
 
+class NoHints(Calculator):
+    def shout(self, text):
+        """Upper-case a text."""
+        return str(text).upper()
+
+
+class ResetByColumns(Calculator):
+    def reset(self, question, answer):
+        self.answer = answer
+
+
+def test_environment_mistakes_are_refused_in_one_line_naming_the_fix():
+    from agentic_grpo.rollout_parts import load_environment
+
+    with pytest.raises(PluginError, match=r"tool `NoHints.shout` needs type hints on every argument") as caught:
+        load_environment(NoHints)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # no chained traceback
+    with pytest.raises(PluginError, match=r"reset\(self, question, answer\)` cannot be called as `reset\(row\)`.*"
+                       r"def reset\(self, row: dict\)"):  # fmt: skip
+        load_environment(ResetByColumns)
+    load_environment(Calculator)  # the base's `reset(self, row)`: accepted
+
+
 # --- rewards: columns checked at start-up, errors that leave the trajectories behind ---------
 
 
@@ -89,6 +112,34 @@ def test_reward_that_raises_stops_the_run_after_writing_the_steps_trajectories(t
     assert len(records) == 4 and all("RuntimeError: the reward broke" in r["error"] for r in records)
     assert all(r["segments"][1]["role"] == "model" for r in records)
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.integration
+def test_reward_returning_text_stops_with_one_line_naming_it(tmp_path):
+    recipe = write_recipe(tmp_path, rewards=[{"type": "tests.varied_rewards:verdict_text"}], max_steps=1)
+    result = train("--config", str(recipe), timeout=600)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "on_reward_error" not in result.stdout  # that advice cannot help
+    assert result.stderr.strip().splitlines()[-1].startswith("error: reward `verdict_text` returned '1.0'")
+    assert (tmp_path / "out" / "trajectories" / "step_000001.jsonl").is_file()  # the step is kept to debug it
+
+
+def test_rewards_given_on_the_command_line_as_yaml(tmp_path):
+    from agentic_grpo.train import prepare
+
+    recipe = write_recipe(tmp_path)
+    prepared = prepare(["--config", str(recipe), "--rewards", "[{type: agentic_grpo.rewards.rules:Correctness}]"])
+    assert [f.__name__ for f in prepared.rewards] == ["correctness"]
+    with pytest.raises(ValueError, match=r"must be a list of .*got \{'type'"):
+        prepare(["--config", str(recipe), "--rewards", "{type: agentic_grpo.rewards.rules:Correctness}"])
+
+
+def test_fields_without_a_recipe_apply_to_the_demo(capsys):
+    from agentic_grpo.train import main
+
+    assert main(["--max_steps", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "running the offline CPU demo" in out and "Dry run of recipe cpu_demo" in out
 
 
 @pytest.mark.integration

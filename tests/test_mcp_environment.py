@@ -100,6 +100,20 @@ def test_a_call_reaches_the_server_and_each_trajectory_has_a_server_of_its_own(o
     assert len(pids) == 2 and str(os.getpid()) not in pids
 
 
+def test_a_server_printing_to_stdout_gets_one_line_naming_the_fix_not_tracebacks(caplog):
+    with caplog.at_level("WARNING"):
+        noisy = load_environment(stdio(env={"MCP_TEST_NOISY": "1"}))  # a first server, asked for its tools
+        environments = [noisy() for _ in range(3)]
+        for environment in environments:
+            environment.reset({"question": "q"})
+            assert environment.execute(ToolCall("multiply", {"a": 2, "b": 3}), timeout=10).output == "6"
+    for environment in environments:
+        environment.close()
+    said = [r for r in caplog.records if r.name == "mcp.client.stdio"]
+    assert len(said) == 1 and said[0].exc_info is None  # once, without the SDK's traceback
+    assert "printed a line to stdout" in said[0].getMessage() and "stderr" in said[0].getMessage()
+
+
 def test_failures_come_back_as_observations(opened):
     environment = opened()
     raised = environment.execute(ToolCall("fail", {"reason": "no luck"}), timeout=10)

@@ -25,3 +25,8 @@ def raising(prompts: list, completions: list, **_: Any) -> list[float]:
 def needs_difficulty(prompts: list, completions: list, difficulty: list, **_: Any) -> list[float]:
     """A reward that needs a `difficulty` column (for the start-up check of reward columns)."""
     return [1.0 for _ in completions]
+
+
+def verdict_text(prompts: list, completions: list, **_: Any) -> list[str]:
+    """A reward with a bug: it returns its verdicts as text, not numbers (for the check of reward values)."""
+    return ["1.0" for _ in completions]
