@@ -56,17 +56,20 @@ def test_sharded_configs_carry_what_generation_and_saving_need():
 
 @pytest.mark.integration
 def test_two_processes_each_roll_out_their_own_questions_and_metrics_are_gathered(tmp_path):
-    """Also a local LLM judge: its counts (per step and in the end summary) are both processes' trajectories."""
+    """Also a local LLM judge and a reward that never scores: their counts (per step and in the end summary) are both
+    processes' trajectories."""
     import yaml
 
     rewards = yaml.safe_load((ROOT / "recipes" / "ci_tiny.yaml").read_text())["rewards"]
     judge = {"name": "judge", "type": "agentic_grpo.rewards.judge:LLMJudge", "weight": 0.1, "backend": "local",
              "model": "tiny-random-llama", "max_tokens": 4}  # fmt: skip
-    recipe = write_recipe(tmp_path, rewards=[*rewards, judge])
+    silent = {"type": "tests.varied_rewards:never_scores", "weight": 0.1}
+    recipe = write_recipe(tmp_path, rewards=[*rewards, judge, silent])
     out = tmp_path / "out"
     result = launch("--config", str(recipe), "--output_dir", str(out), "--max_steps", "1", *SMALL)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "judge `judge`: scored " in result.stdout and " of 8 trajectories" in result.stdout, result.stdout[-2000:]
+    assert "reward `never_scores` never scored: it returned None for all 8 completions" in result.stdout
 
     files = sorted(p.name for p in (out / "trajectories").iterdir())
     assert files == ["step_000001.rank0.jsonl", "step_000001.rank1.jsonl"]

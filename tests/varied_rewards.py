@@ -30,3 +30,8 @@ def needs_difficulty(prompts: list, completions: list, difficulty: list, **_: An
 def verdict_text(prompts: list, completions: list, **_: Any) -> list[str]:
     """A reward with a bug: it returns its verdicts as text, not numbers (for the check of reward values)."""
     return ["1.0" for _ in completions]
+
+
+def never_scores(prompts: list, completions: list, **_: Any) -> list[None]:
+    """A reward with nothing to say about any completion (for the end summary's count of unscored ones)."""
+    return [None for _ in completions]
