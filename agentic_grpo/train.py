@@ -86,10 +86,26 @@ def launch_with_accelerate(argv: list[str]) -> int:
     config = find_shipped(argv[position + 1], "accelerate_configs", ".yaml")
     check_launch_has_its_gpus(config, argv[position + 1])
     rest = argv[:position] + argv[position + 2 :]
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-               "-m", "agentic_grpo.train", *rest]  # fmt: skip
+    quietly = "import sys; from agentic_grpo.train import launch_quietly; sys.exit(launch_quietly(sys.argv[1:]))"
+    command = [sys.executable, "-c", quietly, "--config_file", str(config), "-m", "agentic_grpo.train", *rest]
     print(f"Launching: accelerate launch --config_file {config} -m agentic_grpo.train {' '.join(rest)}", flush=True)
     return subprocess.run(command).returncode
+
+
+def launch_quietly(args: list[str]) -> int:
+    """`accelerate launch ARGS` in this process. When the first process to stop refused the run (exit 2, after its
+    one-line `error:`; the launcher then stops the others), the launch exits 2 too, without torch's
+    `ChildFailedError` traceback after that line."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        launch_command(launch_command_parser().parse_args(args))
+    except ChildFailedError as exc:
+        if exc.failures and exc.get_first_failure()[1].exitcode == 2:
+            return 2
+        raise
+    return 0
 
 
 def check_launch_has_its_gpus(config: Path, name: str) -> None:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.helpers import ROOT, accelerate_launch, train, write_recipe
+from tests.helpers import ROOT, accelerate_launch, run_cli, train, write_recipe
 
 CONFIGS = ROOT / "accelerate_configs"
 SMALL = ["--max_turns", "2", "--max_tokens_per_turn", "12", "--max_completion_length", "48"]
@@ -86,6 +86,18 @@ def test_two_processes_each_roll_out_their_own_questions_and_metrics_are_gathere
     # One rank judges 4 trajectories (fewer calls where two are the same text): more than 4 is both ranks' calls.
     assert 4 < steps[0]["judge/calls"] + steps[0]["judge/cache_hits"] <= 8, steps[0]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (out / "checkpoint-1").iterdir()}
+
+
+@pytest.mark.integration
+def test_a_refusal_under_a_launch_ends_in_its_one_line_not_a_launcher_traceback(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"status": "completed"}))  # an earlier run the launch must not touch
+    result = run_cli("train", "--accelerate_config", "cpu_2proc", "--config", "ci_tiny", "--output_dir", str(out),
+                     "--max_steps", "1", timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"error: output_dir `{out}` already holds a run" in result.stderr
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
 
 
 @pytest.mark.integration
