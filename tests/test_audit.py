@@ -111,3 +111,18 @@ def test_a_reward_preferring_a_gaming_probe_is_reported_and_strict_fails_on_it(t
     assert cli(["audit-rewards", "--recipe", str(path), "--data", ROWS, "--limit", "1", "--output", str(output),
                 "--strict"]) == 1  # fmt: skip
     assert not json.loads(output.read_text())["passed"]
+
+
+def test_a_reward_that_never_scores_is_skipped_and_one_that_raises_is_named(tmp_path, capsys):
+    recipe = recipe_settings("ci_tiny")
+    recipe["rewards"] = [{"type": "agentic_grpo.rewards.rules:Correctness", "weight": 1.0},
+                         {"type": "tests.varied_rewards:never_scores", "weight": 0.1}]  # fmt: skip
+    path = tmp_path / "silent.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert cli(["audit-rewards", "--recipe", str(path), "--data", ROWS, "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped reward `never_scores`: gave None on all" in out and "were not audited" in out
+    recipe["rewards"][1] = {"type": "tests.varied_rewards:raising", "weight": 0.1}
+    path.write_text(yaml.safe_dump(recipe))
+    assert cli(["audit-rewards", "--recipe", str(path), "--data", ROWS, "--limit", "1"]) == 2
+    assert "error: a reward raised while scoring the probes of" in capsys.readouterr().err

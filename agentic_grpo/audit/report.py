@@ -42,7 +42,8 @@ def print_report(report: AuditReport) -> None:
         console.print(f"[yellow]prefers a probe[/yellow]: {preference}")
     if report.passed:
         console.print("[green]PASS[/green]: every probe earns less than the honest trajectory"
-                      + (" in total (--strict fails on the preferences above)." if report.preferences else "."))  # fmt: skip
+                      + (" in total (--strict fails on the preferences above)." if report.preferences else ".")
+                      + (" The skipped reward(s) above were not audited." if report.skipped else ""))  # fmt: skip
     else:
         findings = report.failures + (report.preferences if report.strict else [])
         console.print(f"[red]FAIL[/red]: {len(findings)} finding(s):")

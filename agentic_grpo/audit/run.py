@@ -184,7 +184,13 @@ def audit_recipe(
                 trajectories = [play(manager, trajectory_format, probe, row) for probe in probes]
             finally:
                 manager.close()
-            scores = score_trajectories(rewards, trajectories, [row] * len(probes))
+            try:
+                scores = score_trajectories(rewards, trajectories, [row] * len(probes))
+            except Exception as exc:  # noqa: BLE001 - a reward's own bug: named, as bad input (exit 2)
+                raise ValueError(
+                    f"a reward raised while scoring the probes of {question[:60]!r}: {type(exc).__name__}: {exc}; "
+                    "fix the reward (the probes are in docs/reward_audit.md)"
+                ) from exc
             for position, probe in enumerate(probes):
                 payout = {name: scores[name][position] for name in names}
                 sums.setdefault(probe.name, {n: [] for n in names})
@@ -198,6 +204,14 @@ def audit_recipe(
         if pool is not None:
             pool.close()
     report.notes.extend(cut_probe_notes(cut))
+    for name in names:  # a reward that never scored was not audited: say so, not PASS on its behalf
+        values = [value for probe, per_reward in sums.items() if probe != JUDGE_REPLY_PROBE
+                  for value in per_reward.get(name, [])]  # fmt: skip
+        if values and all(value is None for value in values) and name not in report.skipped:
+            report.skipped[name] = (
+                f"gave None on all {len(values)} probes, the honest trajectory's included: not audited (a judge "
+                "whose replies do not parse gives None; `notes.judge_reply` in a run's trajectory files shows them)"
+            )
     for probe_name, per_reward in sums.items():
         report.payouts[probe_name] = {name: mean_or_none(values) for name, values in per_reward.items()}
     report.totals = {
