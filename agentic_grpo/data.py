@@ -239,8 +239,8 @@ def check_columns(dataset: Dataset, required: list[str], where: str) -> None:
     missing = [c for c in required if c not in dataset.column_names]
     if missing:
         raise ValueError(
-            f"{where} rows lack column(s) {missing}; they have {dataset.column_names}. "
-            "Rename columns in the data or choose rewards that do not need them."
+            f"{where} rows lack column(s) {missing}; they have {dataset.column_names}. Rename columns in the data "
+            "(every row needs `question`, the task the agent is given), or choose rewards that do not need them."
         )
     if len(dataset) == 0:
         raise ValueError(f"{where} is empty")

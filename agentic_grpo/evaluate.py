@@ -184,7 +184,7 @@ def correctness_reward_name(rewards: list, name: str | None = None) -> str:
     if wanted not in names:
         how = "is not among" if name else "is not set and no reward is named `correctness` among"
         raise ValueError(f"`correctness_reward` {f'`{name}` ' if name else ''}{how} the recipe's rewards {names}: set "
-                         "`correctness_reward` to the reward that pays 1 for a correct answer")  # fmt: skip
+                         "`correctness_reward: NAME` in the recipe to the reward that pays 1 for a correct answer")  # fmt: skip
     return wanted
 
 

@@ -122,9 +122,11 @@ def check_reward_values_present(rewards: list[Callable], rows: Any, where: str) 
         for column in required_columns(func):
             empty = [i for i, value in enumerate(rows[column]) if value is None]
             if empty:
+                first = {k: v for k, v in rows[empty[0]].items() if k != "prompt"} if hasattr(rows, "features") else {}
+                shown = f": {str(first)[:160]}" if first else ""
                 raise ValueError(
                     f"reward `{func.__name__}` needs column `{column}`, which is empty in {len(empty)} row(s) of the "
-                    f"{where} (the first: row {empty[0]}): fill them, or drop those rows"
+                    f"{where} (the first{shown}): fill them, or drop those rows"
                 )
 
 

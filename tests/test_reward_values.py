@@ -94,7 +94,7 @@ def test_rows_without_the_gold_value_a_reward_needs_are_refused_at_start_up():
 
     rows = Dataset.from_list([{"question": "a", "answer": "1"}, {"question": "b", "answer": None}])
     with pytest.raises(ValueError, match=r"`correctness` needs column `answer`, which is empty in 1 row\(s\) of the "
-                                         r"training data \(the first: row 1\)"):  # fmt: skip
+                                         r"training data \(the first: \{'question': 'b', 'answer': None\}\)"):  # fmt: skip
         check_reward_values_present([correctness], rows, "training data")
 
     def lenient(prompts, completions, answer=None, **_):  # a parameter with a default is not required
