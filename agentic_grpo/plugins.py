@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 
@@ -17,9 +19,6 @@ def add_working_directory_to_path() -> None:
     directory on `sys.path`; `python script.py` puts the script's. Built-ins live under
     `agentic_grpo.*`, so a user's `tools` or `rewards` package never collides with them.
     """
-    import os
-    import sys
-
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
@@ -38,7 +37,11 @@ def import_object(path: str, what: str = "object") -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise PluginError(f"{what} `{path}`: cannot import module `{module_name}`: {exc}") from exc
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            where = (f" (plug-ins are imported from the current directory, {os.getcwd()}, and PYTHONPATH: run from the "
+                     "folder that holds it, or add that folder to PYTHONPATH)")  # fmt: skip
+        raise PluginError(f"{what} `{path}`: cannot import module `{module_name}`: {exc}{where}") from exc
     try:
         obj = module
         for part in attr.split("."):

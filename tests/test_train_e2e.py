@@ -77,7 +77,10 @@ def test_run_is_marked_completed_with_a_checkpoint_and_summary(ci_run):
     [
         (["--max_turn", "3"], "max_turn"),
         (["--model_name_or_path", "./no/such/model"], "does not exist"),
-        (["--environment", "no_such_module:Tools"], "cannot import module `no_such_module`"),
+        (
+            ["--environment", "no_such_module:Tools"],
+            "cannot import module `no_such_module`: No module named 'no_such_module' (plug-ins are imported from the current directory",
+        ),
         (["--environment", "agentic_grpo.tools.calculator:Nope"], "has no `Nope`"),
     ],
 )
