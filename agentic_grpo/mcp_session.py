@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import math
 import os
@@ -39,6 +40,8 @@ class MCPServerSpec:
     url: streamable HTTP: the endpoint of a server already running. One of `command` and `url`.
     env: stdio: variables for the server, added to the minimal set the SDK passes (HOME, PATH, USER, ...); `$NAME`
         in a value is the trainer's variable.
+    headers: streamable HTTP: headers sent with every request, e.g. `{Authorization: "Bearer $MY_TOKEN"}`; `$NAME`
+        in a value is the trainer's variable (a secret stays out of the recipe).
     cwd: stdio: the server's working directory (default: the trainer's).
     tools: only these of its tools (default: all).
     name: what messages call it (default: its command line or URL).
@@ -48,6 +51,7 @@ class MCPServerSpec:
     command: tuple[str, ...] | None = None
     url: str | None = None
     env: dict[str, str] | None = None
+    headers: dict[str, str] | None = None
     cwd: str | None = None
     tools: tuple[str, ...] | None = None
     name: str | None = None
@@ -71,6 +75,12 @@ class MCPServerSpec:
             spec["command"] = tuple(command)
         elif spec.get("env") or spec.get("cwd"):
             raise PluginError(f"{where}: `env` and `cwd` are for a server started by `command`, not one at a `url`")
+        if spec.get("headers") is not None:
+            if command is not None:
+                raise PluginError(f"{where}: `headers` are for a server at a `url`; a `command` server takes `env`")
+            headers = spec["headers"]
+            if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+                raise PluginError(f"{where}: `headers` must map header names to strings, got {headers!r:.120}")
         if spec.get("tools") is not None:
             if not isinstance(spec["tools"], list):
                 raise PluginError(f"{where}: `tools` must be a list of tool names, got {spec['tools']!r}")
@@ -90,7 +100,9 @@ class MCPServerSpec:
         if self.url:
             from mcp.client.streamable_http import streamable_http_client
 
-            return streamable_http_client(self.url)
+            if not self.headers:
+                return streamable_http_client(self.url)
+            return _with_headers(self.url, {k: os.path.expandvars(v) for k, v in self.headers.items()})
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         # `python` is the trainer's interpreter, not whichever one PATH finds first: the server then sees the
@@ -99,6 +111,18 @@ class MCPServerSpec:
         env = {key: os.path.expandvars(str(value)) for key, value in (self.env or {}).items()}
         parameters = StdioServerParameters(command=program, args=list(self.command[1:]), env=env, cwd=self.cwd)
         return stdio_client(parameters, errlog=stderr)
+
+
+@contextlib.asynccontextmanager
+async def _with_headers(url: str, headers: dict[str, str]) -> Any:
+    """The streamable HTTP transport to `url` on a client that sends `headers` (with the SDK's own timeouts: 30 s,
+    and 300 s to read, as a server may hold a stream open)."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as client:
+        async with streamable_http_client(url, http_client=client) as streams:
+            yield streams
 
 
 class _StdoutNoise(logging.Filter):

@@ -3,7 +3,7 @@
 
 Its tools: `multiply` (a calculator), `remember`/`recall` (state that lives as long as the session's server),
 `fail` (raises), `hang` (sleeps past any timeout), `pid` (the serving process, for the tests that kill it or
-look for orphans), `variable` (what the server's environment holds). With `MCP_TEST_NOISY` set, it prints
+look for orphans), `variable` (what the server's environment holds), `header` (a request's HTTP header). With `MCP_TEST_NOISY` set, it prints
 to stdout (where the protocol runs) before serving, as a server whose author meant a console would. With `MCP_TEST_PID_DIR` set, the process writes an empty file named after its pid there on
 start, so a test can find every server a run started.
 """
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
@@ -61,6 +61,11 @@ def pid() -> str:
 @server.tool(description="The value of one of the server's environment variables.")
 def variable(name: str) -> str:
     return os.environ.get(name, "(unset)")
+
+
+@server.tool(description="The value of one of the request's HTTP headers.")
+def header(name: str, ctx: Context) -> str:
+    return (ctx.headers or {}).get(name.lower(), "(none)")
 
 
 if __name__ == "__main__":

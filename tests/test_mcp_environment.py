@@ -25,7 +25,7 @@ from tests.helpers import ROOT, build_trainer, run_cli
 from tests.scripted import case_prompt
 
 SERVER = [sys.executable, str(ROOT / "tests" / "mcp_server.py")]
-TOOLS = ["multiply", "remember", "recall", "fail", "hang", "pid", "variable"]
+TOOLS = ["multiply", "remember", "recall", "fail", "hang", "pid", "variable", "header"]
 
 
 def stdio(**extra) -> dict:
@@ -85,7 +85,9 @@ def test_the_servers_tools_and_schemas_are_the_environments_in_every_format(serv
 
 def test_an_allow_list_keeps_some_tools_and_a_tool_the_server_lacks_is_refused():
     assert list(load_environment(stdio(tools=["multiply", "pid"])).tools()) == ["multiply", "pid"]
-    with pytest.raises(PluginError, match=r"has no tool divide \(its key `tools`\); it has: fail, hang, multiply"):
+    with pytest.raises(
+        PluginError, match=r"has no tool divide \(its key `tools`\); it has: fail, hang, header, multiply"
+    ):
         load_environment(stdio(tools=["multiply", "divide"]))
 
 
@@ -231,6 +233,11 @@ def test_recipe_mistakes_are_refused_in_one_line():
         ({"mcp": {"command": SERVER}, "clas": "x:Y"}, "key `clas` is not known; did you mean `class`?"),
         ({"mcp": {"command": SERVER, "url": "http://localhost:1/mcp"}}, "give one of `command`"),
         ({"mcp": {"url": "http://localhost:1/mcp", "env": {"A": "1"}}}, "`env` and `cwd` are for a server started"),
+        ({"mcp": {"command": SERVER, "headers": {"A": "1"}}}, "`headers` are for a server at a `url`"),
+        (
+            {"mcp": {"url": "http://localhost:1/mcp", "headers": {"A": 1}}},
+            "`headers` must map header names to strings",
+        ),
         ({"class": "agentic_grpo.tools.calculator:Calculator"}, "a mapping names MCP servers under `mcp`"),
         ({"mcp": [{"command": SERVER}, "python server.py"]}, "MCP server 2: a server is a mapping"),
     ]
@@ -311,6 +318,25 @@ def test_a_server_over_streamable_http(http_server):
         environment.close()
     with pytest.raises(PluginError, match=f"MCP server `{url}` did not answer: "):
         load_environment({"mcp": {"url": url, "startup_timeout": 5}})
+
+
+def test_headers_reach_an_http_server_with_the_trainers_variables_expanded(http_server, monkeypatch):
+    url, _ = http_server
+    monkeypatch.setenv("MCP_TEST_TOKEN", "s3cret")
+    cls = load_environment({"mcp": {"url": url, "headers": {"Authorization": "Bearer $MCP_TEST_TOKEN"},
+                                    "tools": ["header"]}})  # fmt: skip
+    environment = cls()
+    environment.reset({})
+    try:
+        assert environment.execute(ToolCall("header", {"name": "Authorization"}), timeout=10).output == "Bearer s3cret"
+    finally:
+        environment.close()
+    plain = load_environment({"mcp": {"url": url, "tools": ["header"]}})()
+    plain.reset({})
+    try:
+        assert plain.execute(ToolCall("header", {"name": "Authorization"}), timeout=10).output == "(none)"
+    finally:
+        plain.close()
 
 
 # --- training ---------------------------------------------------------------------------------------------
