@@ -218,10 +218,10 @@ def check_arguments(schema: dict[str, Any], arguments: Any) -> str | None:
     if missing:
         return f"missing {', '.join(missing)}; expected {sorted(properties)}"
     unknown = [k for k in arguments if k not in properties]
-    if unknown:
+    if unknown and not params.get("additionalProperties"):  # a schema may take keys it does not list (MCP servers')
         return f"unknown {', '.join(unknown)}; expected {sorted(properties)}"
     for key, value in arguments.items():
-        expected = _JSON_TYPES.get(properties[key].get("type", ""))
+        expected = _JSON_TYPES.get(properties.get(key, {}).get("type", ""))
         if expected and (not isinstance(value, expected) or (expected is not bool and isinstance(value, bool))):
             return f"`{key}` should be {properties[key]['type']}, got {type(value).__name__}"
     return None

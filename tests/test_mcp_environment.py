@@ -415,3 +415,17 @@ def test_the_shipped_mcp_recipe_trains_from_the_cli(tmp_path):
     record = json.loads((out / "trajectories" / "step_000001.jsonl").read_text().splitlines()[0])
     assert "- calculator: Evaluate an arithmetic expression exactly." in record["prompt"][0]["content"]
     assert json.loads((out / "run.json").read_text())["status"] == "completed"
+
+
+def test_arguments_a_schema_leaves_open_are_passed_and_closed_ones_refused():
+    from agentic_grpo.environment import check_arguments
+
+    def schema(**extra) -> dict:
+        parameters = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], **extra}
+        return {"type": "function", "function": {"name": "t", "description": "t", "parameters": parameters}}
+
+    assert "unknown b" in check_arguments(schema(), {"a": 1, "b": 2})  # a Python tool's schema: closed
+    assert check_arguments(schema(additionalProperties=True), {"a": 1, "b": 2}) is None  # an MCP server's may be open
+    assert check_arguments(schema(additionalProperties={"type": "string"}), {"a": 1, "b": "x"}) is None
+    assert "`a` should be integer" in check_arguments(schema(additionalProperties=True), {"a": "1", "b": 2})
+    assert "missing a" in check_arguments(schema(additionalProperties=True), {"b": 2})
