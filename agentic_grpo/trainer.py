@@ -289,20 +289,18 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         return list(self._metrics[mode].get(name, ()))
 
     @contextlib.contextmanager
-    def metrics_under(self, prefix: str, mode: str) -> Iterator[dict[str, list[float]]]:
+    def metrics_under(self, prefix: str, mode: str) -> Iterator[None]:
         """Values logged in `mode` inside the block (TRL's loss included) go under `prefix` + their name, not the
-        policy's; the mapping yielded holds them by their own names once the block ends."""
+        policy's."""
         metrics = self._metrics[mode]
         before = {name: len(values) for name, values in metrics.items()}
-        moved: dict[str, list[float]] = {}
         try:
-            yield moved
+            yield
         finally:
             for name in list(metrics):
                 new = metrics[name][before.get(name, 0) :]
                 if new:
                     del metrics[name][before.get(name, 0) :]
-                    moved[name] = new
                     metrics[prefix + name].extend(new)
                 if name not in before and not metrics[name]:
                     del metrics[name]  # TRL averages every name it holds: an empty one would divide by zero

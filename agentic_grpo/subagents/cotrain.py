@@ -381,7 +381,7 @@ class CoTraining:
                 continue
             parts = []
             for chunk in [[s] for s in mine] if backward else [mine]:
-                loss, _ = role_loss(self.trainer, model, role.name, role.adapter, mine, chunk)
+                loss = role_loss(self.trainer, model, role.name, role.adapter, mine, chunk)
                 if backward:
                     backward(loss)
                     loss = loss.detach()

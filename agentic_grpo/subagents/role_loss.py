@@ -90,11 +90,11 @@ def completion_tensor(samples: list[ChildSample], values: str, width: int, devic
 
 def role_loss(
     trainer: Any, model: Any, role: str, adapter: str, together: list[ChildSample], samples: list[ChildSample]
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
+) -> torch.Tensor:
     """The share of `samples` (some of `together`, the role `role`'s samples in one micro-batch) in that role's
-    loss: TRL's loss under the role's LoRA `adapter`, scaled as the module docstring says; with what TRL logged for
-    it, by name (logged under `roles/<role>/`). Co-training runs in one process, so the collectives of TRL's
-    metrics meet no other process that calls them less often."""
+    loss: TRL's loss under the role's LoRA `adapter`, scaled as the module docstring says; what TRL logs for it goes
+    under `roles/<role>/`. Co-training runs in one process, so the collectives of TRL's metrics meet no other
+    process that calls them less often."""
     device = trainer.accelerator.device
     inputs: dict[str, Any] = trl_batch(samples, trainer.processing_class.pad_token_id, device)
     width = inputs["completion_ids"].size(1)
@@ -109,11 +109,11 @@ def role_loss(
     mode = "train" if trainer.model.training else "eval"
     with (
         adapter_active(trainer.accelerator.unwrap_model(model), adapter),
-        trainer.metrics_under(f"roles/{role}/", mode) as logged,
+        trainer.metrics_under(f"roles/{role}/", mode),
     ):
         loss = trainer._compute_loss(model, inputs)
     if trainer.loss_type == "grpo":
         loss = loss * (len(samples) / len(together))
     elif trainer.loss_type == "bnpo":
         loss = loss * (sum(sum(s.loss_mask) for s in samples) / max(sum(sum(s.loss_mask) for s in together), 1))
-    return loss, logged
+    return loss
