@@ -296,6 +296,10 @@ class RecipeArguments:
         },
     )
 
+    def __post_init__(self) -> None:
+        if isinstance(self.rewards, str):  # its YAML text, from the command line: `--rewards '[{type: ...}]'`
+            self.rewards = yaml.safe_load(self.rewards)
+
 
 RECIPE_TYPES = (RecipeArguments, AgenticGRPOConfig, ModelConfig)
 

@@ -29,12 +29,7 @@ ENTRY_KEYS = ("type", "weight", "name")
 
 
 def build_rewards(specs: Any) -> tuple[list[Callable], list[float]]:
-    """Reward callables and their weights from a recipe's `rewards:` list (or its YAML text, from the command
-    line: `--rewards '[{type: ...}]'`)."""
-    if isinstance(specs, str):
-        import yaml
-
-        specs = yaml.safe_load(specs)
+    """Reward callables and their weights from a recipe's `rewards:` list."""
     if not specs:
         raise ValueError(
             "recipe field `rewards` is empty: name at least one, e.g. `{type: agentic_grpo.rewards.rules:Correctness}`"
