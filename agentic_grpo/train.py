@@ -412,16 +412,14 @@ def add_up_reward_totals(rewards: list, processes: int) -> None:
         return
     from accelerate.utils import gather_object
 
-    for func in rewards:
-        target = inspect.unwrap(func)
-        totals = getattr(target, "totals", None)
-        if isinstance(totals, dict):
-            everyone = gather_object([dict(totals)])
-            target.totals = {key: sum(each.get(key, 0) for each in everyone) for key in totals}
-        counts = getattr(func, "value_counts", None)  # the checked values' counts (`reward_values.checking_values`)
+    def sum_in_place(counts: Any) -> None:
         if isinstance(counts, dict):
             everyone = gather_object([dict(counts)])
             counts.update({key: sum(each.get(key, 0) for each in everyone) for key in counts})
+
+    for func in rewards:
+        sum_in_place(getattr(inspect.unwrap(func), "totals", None))  # an LLM judge's
+        sum_in_place(getattr(func, "value_counts", None))  # the checked values' (`reward_values.checking_values`)
 
 
 def summary(output_dir: Path, rewards: list | None = None) -> str:

@@ -251,9 +251,10 @@ def cut_probes(cut: dict[str, list[str]], probes: list[Probe], tokenizer: Any, l
             reasons.append(f"max_turns={limits.max_turns}")
         if sum(lengths) > limits.max_completion_tokens:
             reasons.append(f"max_completion_length={limits.max_completion_tokens}")
-        names = cut.setdefault(" and ".join(reasons), []) if reasons else []
-        if reasons and probe.name not in names:
-            names.append(probe.name)
+        if reasons:
+            names = cut.setdefault(" and ".join(reasons), [])
+            if probe.name not in names:
+                names.append(probe.name)
 
 
 def cut_probe_notes(cut: dict[str, list[str]]) -> list[str]:
