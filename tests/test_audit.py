@@ -97,12 +97,17 @@ def test_probes_the_recipe_would_cut_are_audited_with_room_and_named():
     assert len(report.examples["buried_in_long_text"]) == 400  # played whole (the example keeps 400 characters)
 
 
-def test_a_reward_preferring_a_gaming_probe_is_reported_and_strict_fails_on_it(tmp_path, capsys):
+def ci_tiny_with(second_reward: str, path: Path) -> Path:
+    """ci_tiny's recipe with Correctness and `second_reward` (weight 0.1), written to `path`."""
     recipe = recipe_settings("ci_tiny")
     recipe["rewards"] = [{"type": "agentic_grpo.rewards.rules:Correctness", "weight": 1.0},
-                         {"type": "tests.legacy_rewards:longer_is_better", "weight": 0.1}]  # fmt: skip
-    path = tmp_path / "prefers.yaml"
+                         {"type": second_reward, "weight": 0.1}]  # fmt: skip
     path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_a_reward_preferring_a_gaming_probe_is_reported_and_strict_fails_on_it(tmp_path, capsys):
+    path = ci_tiny_with("tests.legacy_rewards:longer_is_better", tmp_path / "prefers.yaml")
     output = tmp_path / "audit.json"
     assert cli(["audit-rewards", "--recipe", str(path), "--data", ROWS, "--limit", "1", "--output", str(output)]) == 0
     report = json.loads(output.read_text())
@@ -114,15 +119,10 @@ def test_a_reward_preferring_a_gaming_probe_is_reported_and_strict_fails_on_it(t
 
 
 def test_a_reward_that_never_scores_is_skipped_and_one_that_raises_is_named(tmp_path, capsys):
-    recipe = recipe_settings("ci_tiny")
-    recipe["rewards"] = [{"type": "agentic_grpo.rewards.rules:Correctness", "weight": 1.0},
-                         {"type": "tests.varied_rewards:never_scores", "weight": 0.1}]  # fmt: skip
-    path = tmp_path / "silent.yaml"
-    path.write_text(yaml.safe_dump(recipe))
+    path = ci_tiny_with("tests.varied_rewards:never_scores", tmp_path / "silent.yaml")
     assert cli(["audit-rewards", "--recipe", str(path), "--data", ROWS, "--limit", "1"]) == 0
     out = capsys.readouterr().out
     assert "skipped reward `never_scores`: gave None on all" in out and "were not audited" in out
-    recipe["rewards"][1] = {"type": "tests.varied_rewards:raising", "weight": 0.1}
-    path.write_text(yaml.safe_dump(recipe))
+    ci_tiny_with("tests.varied_rewards:raising", path)
     assert cli(["audit-rewards", "--recipe", str(path), "--data", ROWS, "--limit", "1"]) == 2
     assert "error: a reward raised while scoring the probes of" in capsys.readouterr().err
