@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from agentic_grpo.train import use_cpu_when_distributed_without_gpu
+from agentic_grpo.launch import use_cpu_when_distributed_without_gpu
 
 
 def main(model_dir: str, out: str) -> None:

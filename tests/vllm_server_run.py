@@ -26,7 +26,7 @@ def main(model_dir: str, out: str, url: str, plant: str | None = None) -> None:
     from peft import LoraConfig
 
     from agentic_grpo.config import AgenticGRPOConfig
-    from agentic_grpo.train import use_cpu_when_distributed_without_gpu
+    from agentic_grpo.launch import use_cpu_when_distributed_without_gpu
     from agentic_grpo.trainer import AgenticGRPOTrainer
 
     use_cpu_when_distributed_without_gpu()
