@@ -90,6 +90,10 @@ class TransformersBackend:
         self._in_session = False
         self._fallback_logged = False
         self.dropout_while_sampling = 0
+        # Where set, the decoding loop draws its noise from `generator` and records log-probs under
+        # `logprob_filters` (`agentic_grpo.shrinking_batch.sample_shrinking`): the asynchronous sampler's settings.
+        self.generator: torch.Generator | None = None
+        self.logprob_filters: Any = None
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -156,8 +160,9 @@ class TransformersBackend:
                     self._contexts.clear()
                 try:
                     new_tokens = generate_reusing(
-                        model, batch, self._contexts, config, self.tokenizer, self.shrink_batch, logprobs, **extra
-                    )
+                        model, batch, self._contexts, config, self.tokenizer, self.shrink_batch, logprobs,
+                        generator=self.generator, logprob_filters=self.logprob_filters, **extra,
+                    )  # fmt: skip
                 finally:
                     if not self._in_session:
                         self._contexts.clear()

@@ -283,19 +283,19 @@ class ResumeCanary:
     def _canary_file(self, checkpoint: str) -> Path:
         return Path(checkpoint) / f"canary.rank{self.accelerator.process_index}.json"
 
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)
-        checkpoint = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
-        if trial is None and os.path.isdir(checkpoint):
-            record = {"step": self.state.global_step, "weights": weights_fingerprint(self.model)}
-            self._canary_file(checkpoint).write_text(json.dumps(record, indent=2))
-            self._to_record = checkpoint
-            run = Path(self.args.output_dir) / "run.json"
-            if self.accelerator.is_main_process and run.is_file():
-                # The data the run trained on (its training seed) travels with the checkpoint: a resume into
-                # another output_dir reads it here (`agentic_grpo.data.with_training_seed`).
-                dataset = json.loads(run.read_text()).get("dataset")
-                (Path(checkpoint) / "run.json").write_text(json.dumps({"dataset": dataset}, indent=2))
+    def _write_checkpoint_extras(self, directory: str) -> None:
+        """The canary file (and the run's data spec) written into the checkpoint before it takes its name, so that a
+        run killed right after a save never leaves a checkpoint without them."""
+        super()._write_checkpoint_extras(directory)
+        record = {"step": self.state.global_step, "weights": weights_fingerprint(self.model)}
+        self._canary_file(directory).write_text(json.dumps(record, indent=2))
+        self._to_record = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+        run = Path(self.args.output_dir) / "run.json"
+        if self.accelerator.is_main_process and run.is_file():
+            # The data the run trained on (its training seed) travels with the checkpoint: a resume into
+            # another output_dir reads it here (`agentic_grpo.data.with_training_seed`).
+            dataset = json.loads(run.read_text()).get("dataset")
+            (Path(directory) / "run.json").write_text(json.dumps({"dataset": dataset}, indent=2))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         if resume_from_checkpoint is True:

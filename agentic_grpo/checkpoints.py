@@ -28,6 +28,9 @@ class AtomicCheckpoints:
         run_dir = super()._get_output_dir(trial)
         return os.path.join(run_dir, STAGING_DIR) if self._staging_checkpoint else run_dir
 
+    def _write_checkpoint_extras(self, directory: str) -> None:
+        """A layer's own files of a checkpoint, written into `directory` before it becomes `checkpoint-N`."""
+
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """The Trainer's checkpoint (model or adapter, optimizer, scheduler, RNG per process, state),
         written to a staging directory and renamed to `checkpoint-N` only when every process is done.
@@ -49,6 +52,7 @@ class AtomicCheckpoints:
             super()._save_checkpoint(model, trial)
         finally:
             self._staging_checkpoint = False
+        self._write_checkpoint_extras(staging)
         self.accelerator.wait_for_everyone()  # every process has written its RNG state / shards
         if self.args.should_save:
             if os.path.exists(final):  # re-saving a step (a rerun in the same output_dir)

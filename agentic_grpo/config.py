@@ -40,6 +40,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Sub-agents": ("subagents",),
     "Logging and outputs": ("save_trajectories_steps", "overwrite_output_dir", "wandb_mode", "bf16"),
     "Canaries: checks that stop a silently wrong run": ("canary_logprob_limit",),
+    "Asynchronous rollouts": ("async_rollouts",),
 }  # fmt: skip
 
 
@@ -59,6 +60,7 @@ class AgenticGRPOConfig(GRPOConfig):
     Sub-agents: `subagents`.
     Logging and outputs: `save_trajectories_steps`, `overwrite_output_dir`, `wandb_mode`.
     Canaries: `canary_logprob_limit` (agentic_grpo.canaries).
+    Asynchronous rollouts: `async_rollouts`.
 
     Every field of TRL's `GRPOConfig` is inherited (learning rate, `num_generations`, `beta`,
     `max_completion_length`, vLLM, logging, ...); `max_completion_length` is the token budget of the whole
@@ -201,6 +203,18 @@ class AgenticGRPOConfig(GRPOConfig):
         "turns the check off.",
     )  # fmt: skip
 
+    # --- asynchronous rollouts
+    async_rollouts: dict | str | None = _field(
+        None,
+        "Sample the next steps' trajectories in a background thread while this step trains (agentic_grpo."
+        "async_rollouts, docs/async.md; one process, HF generation): `true`, or a mapping of `max_staleness` (the "
+        "most optimizer steps between the weights that sample a trajectory and the step that trains on it; the "
+        "sampler waits rather than run further ahead, and no trajectory is dropped; default 1), "
+        "`importance_weight_cap` (each token's weight, trainer over sampler probability after temperature, top-k "
+        "and top-p, is truncated there; default 2) and `timeout` (seconds the trainer waits for a step's "
+        "trajectories before it stops, naming what the sampler is doing; default 1800).",
+    )
+
     # --- experiments (agentic_grpo.experimental), out of `--help`
     experimental: dict | str | None = field(default=None, metadata={"help": argparse.SUPPRESS})
 
@@ -245,6 +259,7 @@ class AgenticGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"canary_logprob_limit must be >= 0 (0 turns the check off), got {self.canary_logprob_limit}"
             )
+        self.async_rollouts = async_settings(self.async_rollouts)
         if self.wandb_mode not in (None, "online", "offline", "disabled"):
             raise ValueError(f"wandb_mode must be `online`, `offline` or `disabled`, got `{self.wandb_mode}`")
 
@@ -255,6 +270,44 @@ class AgenticGRPOConfig(GRPOConfig):
         from agentic_grpo.experimental import ExperimentalConfig
 
         return ExperimentalConfig.from_recipe(self.experimental)
+
+
+@dataclass(frozen=True)
+class AsyncRollouts:
+    """The recipe's `async_rollouts` settings (see the field's help)."""
+
+    max_staleness: int = 1
+    importance_weight_cap: float = 2.0
+    timeout: float = 1800.0
+
+
+def async_settings(value: Any) -> AsyncRollouts | None:
+    """The recipe's `async_rollouts`: None when off (unset, `false`), the defaults for `true`, or a mapping's values
+    (its YAML text on the command line); unknown keys and bad values refused in one line."""
+    if isinstance(value, AsyncRollouts) or value is None:
+        return value
+    if isinstance(value, str):
+        value = yaml.safe_load(value)
+    if value is None or value is False:
+        return None
+    if value is True:
+        return AsyncRollouts()
+    if not isinstance(value, dict):
+        raise ValueError(f"recipe field `async_rollouts`: `true`, `false` or a mapping, got {value!r}")
+    known = [f.name for f in dataclasses.fields(AsyncRollouts)]
+    for key in value:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else f"; the keys are {known}"
+            raise ValueError(f"recipe field `async_rollouts`: key `{key}` is not known{hint}")
+    settings = AsyncRollouts(**value)
+    if not isinstance(settings.max_staleness, int) or settings.max_staleness < 1:
+        raise ValueError(f"async_rollouts: max_staleness must be a whole number >= 1, got {settings.max_staleness!r}")
+    if not isinstance(settings.importance_weight_cap, (int, float)) or settings.importance_weight_cap < 1:
+        raise ValueError(f"async_rollouts: importance_weight_cap must be >= 1, got {settings.importance_weight_cap!r}")
+    if not isinstance(settings.timeout, (int, float)) or settings.timeout <= 0:
+        raise ValueError(f"async_rollouts: timeout must be > 0 seconds, got {settings.timeout!r}")
+    return settings
 
 
 def sandbox_settings(value: dict | str | None) -> dict[str, Any]:

@@ -195,6 +195,8 @@ def generate_reusing(
     tokenizer: Any,
     shrink: bool = True,
     logprobs: list[list[float]] | None = None,
+    generator: torch.Generator | None = None,
+    logprob_filters: Any = None,
     **generate_kwargs: Any,
 ) -> list[list[int]]:
     """HF `generate` on `batch`, reading only what `store` does not hold; returns each row's new tokens
@@ -202,7 +204,8 @@ def generate_reusing(
 
     With `shrink`, rows leave the batch as they stop (`agentic_grpo.shrinking_batch`: same processors, stopping
     and random numbers), and a `logprobs` list given is filled with each row's sampling log-probs (left empty
-    otherwise). Not for processes in lockstep (`why_not_reusable` says so).
+    otherwise; `logprob_filters` and `generator` as for `sample_shrinking`). Not for processes in lockstep
+    (`why_not_reusable` says so).
     `generate_kwargs` go to `generate` as they are (a `logits_processor`, for one)."""
     pad_id = tokenizer.pad_token_id
     matches = store.match(batch)
@@ -222,7 +225,10 @@ def generate_reusing(
     generation_config.use_cache = True  # in the config: `generate` warns when a config and loose settings mix
     if shrink:
         generation_config, stopping = stop_string_criteria(generation_config, tokenizer)
-        loop = functools.partial(sample_shrinking, kv_cache=cache, on_stop=keep_stopped, logprobs=logprobs)
+        loop = functools.partial(
+            sample_shrinking, kv_cache=cache, on_stop=keep_stopped, logprobs=logprobs, generator=generator,
+            logprob_filters=logprob_filters,
+        )  # fmt: skip
         custom = {"custom_generate": loop, "stopping_criteria": stopping}
     output = model.generate(
         input_ids=input_ids,

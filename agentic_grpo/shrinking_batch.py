@@ -47,6 +47,8 @@ def sample_shrinking(
     kv_cache: Any,
     on_stop: RowStop,
     logprobs: list[list[float]] | None = None,
+    generator: torch.Generator | None = None,
+    logprob_filters: SamplingFilters | None = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor:
     """`generate`'s sampling over `input_ids` (left-padded; `kv_cache` holds the keys and values of the first
@@ -54,7 +56,8 @@ def sample_shrinking(
 
     Returns the sequences as `generate` does: the input, then each row's new tokens padded after its end. A
     `logprobs` list given is filled with one list per row: each new token's log-probability under the raw
-    logits at the sampling temperature.
+    logits at the sampling temperature, or, with `logprob_filters` that filter, under the distribution those
+    filters leave (`processed_log_softmax`). `generator` draws the sampling noise (default: torch's global one).
     """
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is None:  # `generate` drops a mask without padding
@@ -80,12 +83,17 @@ def sample_shrinking(
         scores = logits_processor(input_ids, raw.clone())
         if generation_config.do_sample:
             probs = torch.nn.functional.softmax(scores, dim=-1)
-            noise = torch.empty((batch, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
+            noise = torch.empty((batch, probs.shape[-1]), dtype=probs.dtype, device=probs.device)
+            noise.exponential_(1, generator=generator)
             next_tokens = (probs / noise[live]).argmax(-1)
         else:
             next_tokens = scores.argmax(-1)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
-        chosen = torch.log_softmax(raw / temperature, dim=-1).gather(-1, next_tokens[:, None]).squeeze(-1)
+        if logprob_filters is not None and logprob_filters.active:
+            read = processed_log_softmax(raw, logprob_filters)
+        else:
+            read = torch.log_softmax(raw / temperature, dim=-1)
+        chosen = read.gather(-1, next_tokens[:, None]).squeeze(-1)
         for row, token, logprob in zip(live.tolist(), next_tokens.tolist(), chosen.tolist(), strict=True):
             new_tokens[row].append(token)
             new_logprobs[row].append(logprob)

@@ -173,7 +173,11 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
                 trajectory_format=trajectory_format or parts.trajectory_format,
             )
         layers = {getattr(cls, "layer", None) for cls in type(self).__mro__}
-        needed = {"subagents": bool(parts.agents), "experimental": bool(args.experimental)}
+        needed = {
+            "subagents": bool(parts.agents),
+            "experimental": bool(args.experimental),
+            "async": args.async_rollouts,
+        }
         missing = sorted(name for name, need in needed.items() if need and name not in layers)
         if missing:
             raise ValueError(
@@ -241,8 +245,12 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         self._log_raw_reward_means(inputs)
         if self.model.training:
             saved = self._save_trajectories(inputs, outcome_advantages)
-            check_sampler_agreement(self, output, saved)
+            self._check_sampler_agreement(output, saved)
         return output
+
+    def _check_sampler_agreement(self, output: dict[str, Any], saved: Any) -> None:
+        """The sampler-trainer canary of a training generation (`saved`: where its trajectories were written)."""
+        check_sampler_agreement(self, output, saved)
 
     def generate_and_score(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """One generation of a training step, outside the training loop: `rows` (with a conversational `prompt`)

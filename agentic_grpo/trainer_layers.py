@@ -2,8 +2,8 @@
 
 A layer is a mixin that extends the trainer's steps (`_sample`, `_rollout_metrics`, `_advantages`,
 `compute_loss`, ...) and names itself in `layer`; the trainer refuses a recipe whose layers its class lacks.
-Sub-agents (`agentic_grpo.subagents.layer`) and experiments (`agentic_grpo.experimental.layer`) are the two;
-each package is imported only for a recipe that uses it.
+Sub-agents (`agentic_grpo.subagents.layer`), experiments (`agentic_grpo.experimental.layer`) and asynchronous
+rollouts (`agentic_grpo.async_rollouts`) are the three; each is imported only for a recipe that uses it.
 """
 
 from __future__ import annotations
@@ -16,11 +16,17 @@ def trainer_class(args: Any, rollout_parts: Any = None) -> type:
     """`AgenticGRPOTrainer` with the layers `args` (an `AgenticGRPOConfig`) and its rollout parts need: sub-agents
     where the recipe has any, experiments where it sets `experimental:`."""
     agents = rollout_parts.agents if rollout_parts is not None else getattr(args, "subagents", None)
-    return _composed(bool(agents), bool(getattr(args, "experimental", None)))
+    return _composed(
+        bool(agents), bool(getattr(args, "experimental", None)), bool(getattr(args, "async_rollouts", False))
+    )
 
 
 def check_layers(args: Any, rollout_parts: Any) -> None:
     """The layers' own set-up checks, before a model loads (`agentic_grpo.train.prepare`)."""
+    if getattr(args, "async_rollouts", False):
+        from agentic_grpo.async_rollouts import check_async_config
+
+        check_async_config(args)
     if getattr(args, "experimental", None):
         from agentic_grpo.experimental.layer import check_experiments
 
@@ -28,7 +34,7 @@ def check_layers(args: Any, rollout_parts: Any) -> None:
 
 
 @functools.cache
-def _composed(subagents: bool, experimental: bool) -> type:
+def _composed(subagents: bool, experimental: bool, asynchronous: bool = False) -> type:
     from agentic_grpo.trainer import AgenticGRPOTrainer
 
     layers: list[type] = []
@@ -40,6 +46,10 @@ def _composed(subagents: bool, experimental: bool) -> type:
         from agentic_grpo.experimental.layer import ExperimentsLayer
 
         layers.append(ExperimentsLayer)
+    if asynchronous:
+        from agentic_grpo.async_rollouts import AsyncRolloutsLayer
+
+        layers.append(AsyncRolloutsLayer)
     if not layers:
         return AgenticGRPOTrainer
     name = "AgenticGRPOTrainer" + "".join("With" + layer.__name__.removesuffix("Layer") for layer in layers)

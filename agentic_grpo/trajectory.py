@@ -53,6 +53,9 @@ class Segment:
     logprobs: list[float] | None = None
     """The sampling log-prob of each token of a `model` segment, when the backend reports them (vLLM):
     what TRL's importance-sampling correction compares the trainer's own log-probs with."""
+    policy_version: int | None = None
+    """For a `model` segment of an asynchronous run, the optimizer steps taken by the weights that sampled its
+    tokens (`agentic_grpo.async_rollouts`); None when the trainer's own weights sampled it."""
 
     @property
     def trainable(self) -> bool:

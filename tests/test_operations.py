@@ -109,6 +109,26 @@ def test_resume_after_kill_9_continues_exactly_like_an_uninterrupted_run(recipe,
 
 
 @pytest.fixture(scope="module")
+def asynchronous(recipe, tmp_path_factory) -> tuple[Path, Path]:
+    """The reference recipe with asynchronous rollouts (the sampler a step ahead), and an uninterrupted run of it."""
+    root = tmp_path_factory.mktemp("async")
+    (root / "recipe.yaml").write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "async_rollouts": True}))
+    result = run("--config", str(root / "recipe.yaml"), "--output_dir", str(root / "reference"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "recipe.yaml", root / "reference"
+
+
+def test_an_asynchronous_run_resumes_after_kill_9_exactly(asynchronous, tmp_path):
+    recipe, reference = asynchronous
+    assert [metrics(reference)[step]["async/staleness/max"] for step in (1, 2, 3)] == [0, 1, 1]
+    kill_and_resume(recipe, reference, tmp_path / "out", kill_after=1, steps=3)
+    # step 2's trajectories were sampled before checkpoint 1 was written, with the weights before step 1's update:
+    # the checkpoint stored them, and the resumed run trained on them instead of sampling step 2 again
+    assert (tmp_path / "out" / "checkpoint-1" / "async_rollouts.pt").is_file()
+    assert metrics(tmp_path / "out")[2]["async/staleness/max"] == 1
+
+
+@pytest.fixture(scope="module")
 def short_epochs(tmp_path_factory) -> tuple[Path, Path]:
     """The CI recipe on 3 training rows, one a step: each epoch is 3 steps, drawn in its own order. Its recipe and
     an uninterrupted 5-step run of it."""
