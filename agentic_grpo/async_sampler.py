@@ -33,6 +33,9 @@ from agentic_grpo.backends import TransformersBackend
 from agentic_grpo.canaries import ROWS_READ, logprob_agreement
 from agentic_grpo.shrinking_batch import SamplingFilters, processed_token_logprobs
 
+CLOSE_WAIT = 60.0
+"""The most seconds a run's end waits for the sampler's job in progress."""
+
 
 class AsyncTimeout(RuntimeError):
     """The sampler or the trainer waited past `async_rollouts`' `timeout` for the other."""
@@ -191,11 +194,15 @@ class AsyncSampler:
             self._condition.notify_all()
 
     def close(self) -> None:
+        """Stop after the job in progress, if any; the thread is a daemon, so a job that hangs does not hold the
+        process (the trainer waits at most `CLOSE_WAIT` seconds for it)."""
         with self._condition:
             self._closed = True
             self._jobs.clear()
             self._condition.notify_all()
-        self._thread.join(timeout=self.timeout)
+        self._thread.join(timeout=min(self.timeout, CLOSE_WAIT))
+        if not self._thread.is_alive():
+            self.rollout_manager.close()
 
     # --- the sampler's thread -------------------------------------------------------------------
 

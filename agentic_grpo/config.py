@@ -211,7 +211,7 @@ class AgenticGRPOConfig(GRPOConfig):
         "most optimizer steps between the weights that sample a trajectory and the step that trains on it; the "
         "sampler waits rather than run further ahead, and no trajectory is dropped; default 1), "
         "`importance_weight_cap` (each token's weight, trainer over sampler probability after temperature, top-k "
-        "and top-p, is truncated there; default 2) and `timeout` (seconds the trainer waits for a step's "
+        "and top-p, is truncated there; default 3, as TRL's `vllm_importance_sampling_clip_max`) and `timeout` (seconds the trainer waits for a step's "
         "trajectories before it stops, naming what the sampler is doing; default 1800).",
     )
 
@@ -277,7 +277,7 @@ class AsyncRollouts:
     """The recipe's `async_rollouts` settings (see the field's help)."""
 
     max_staleness: int = 1
-    importance_weight_cap: float = 2.0
+    importance_weight_cap: float = 3.0
     timeout: float = 1800.0
 
 

@@ -107,6 +107,9 @@ PRIVATE_SEAMS: dict[str, tuple[str, ...]] = {
     "Trainer._get_output_dir": ("self", "trial"),
     "GRPOTrainer._save_checkpoint": ("self", "model", "trial"),
     "GRPOTrainer._get_train_sampler": ("self", "dataset"),
+    # Public, but the asynchronous layer relies on its contract: called once per optimizer step with the epoch's
+    # iterator, it takes that step's batches (`agentic_grpo.async_rollouts` reads the next steps' ahead).
+    "Trainer.get_batch_samples": ("self", "epoch_iterator", "num_batches", "device"),
     # TRL's colocated vLLM engine object (`vllm_backend`): the weights its sync sends (replaced for one sync), its
     # sleep flag (one sync per rollout), its ZeRO-3 gather helper, and its parameter-name mapping.
     "VLLMGeneration._iter_named_params": ("self",),

@@ -206,7 +206,7 @@ def test_bad_async_settings_are_refused_in_one_line(tmp_path, value, named):
 
 def test_async_settings_from_the_command_line(tmp_path):
     on = AgenticGRPOConfig(output_dir=str(tmp_path), async_rollouts="true", report_to=[]).async_rollouts
-    assert (on.max_staleness, on.importance_weight_cap) == (1, 2.0)
+    assert (on.max_staleness, on.importance_weight_cap) == (1, 3.0)
     assert AgenticGRPOConfig(output_dir=str(tmp_path), async_rollouts="false", report_to=[]).async_rollouts is None
     two = AgenticGRPOConfig(output_dir=str(tmp_path), async_rollouts="{max_staleness: 2}", report_to=[])
     assert two.async_rollouts.max_staleness == 2

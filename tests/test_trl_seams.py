@@ -95,16 +95,19 @@ def test_each_kind_of_change_is_reported_naming_the_seam():
 
 
 def test_every_private_method_the_trainer_overrides_is_in_the_table():
-    """Every class between GRPOTrainer and the trainer with all its layers (sub-agents, experiments)."""
+    """Every class between GRPOTrainer and the trainer with all its layers (sub-agents, experiments, async)."""
     from types import SimpleNamespace
 
+    from agentic_grpo.async_rollouts import AsyncRolloutsLayer
     from agentic_grpo.experimental.layer import ExperimentsLayer
     from agentic_grpo.subagents.layer import SubAgentsLayer
     from agentic_grpo.trainer_layers import trainer_class
 
-    layered = trainer_class(SimpleNamespace(experimental={"spread_first_action": True}, subagents=[{"name": "a"}]))
+    layered = trainer_class(
+        SimpleNamespace(experimental={"spread_first_action": True}, subagents=[{"name": "a"}], async_rollouts=True)
+    )
     ours = layered.__mro__[: layered.__mro__.index(GRPOTrainer)]
-    assert {SubAgentsLayer, ExperimentsLayer, AgenticGRPOTrainer} <= set(ours)
+    assert {SubAgentsLayer, ExperimentsLayer, AsyncRolloutsLayer, AgenticGRPOTrainer} <= set(ours)
     assert {ResumeCanary, ResumableOrder, AtomicCheckpoints, ChunkedLogps} <= set(ours)
     overridden = {
         f"{'GRPOTrainer' if name in vars(GRPOTrainer) else 'Trainer'}.{name}"
