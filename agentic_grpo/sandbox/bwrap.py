@@ -21,6 +21,7 @@ from .config import SandboxConfig
 
 LAUNCHER = str(Path(__file__).resolve().with_name("launcher.py"))
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+SHELL = "/bin/sh"  # pid 1 of a slot under bwrap without root (`bwrap_argv`)
 # /etc entries programs need to start (loader, users, locale, certificates); never shadow, keys or the rest.
 ETC_FILES = (
     "/etc/ld.so.cache",
@@ -151,7 +152,7 @@ def bwrap_argv(
         argv[1:2] = ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         # --as-pid-1: no bwrap process inside the namespace. Its init would be a same-uid process
         # with the trainer's limits and no seccomp filter, which the code could ptrace or write
-        # through /proc/1/mem. The command's own pid 1 reaps nothing; its exit ends the namespace.
+        # through /proc/1/mem. Pid 1 is the command's shell (below); its exit ends the namespace.
         argv += ["--unshare-cgroup-try", "--disable-userns", "--cap-drop", "ALL", "--as-pid-1"]
     else:
         argv[1:2] = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
@@ -199,7 +200,11 @@ def bwrap_argv(
     argv.append("--")
     if uid is not None:
         argv += setpriv_argv(uid)
-    return argv + prlimit_argv(limits) + list(command)
+        return argv + prlimit_argv(limits) + list(command)
+    # Without root, a shell under the same filter and limits is the namespace's pid 1 and the code its child: a
+    # namespace's init cannot signal itself to death, so code that is pid 1 and kills itself would end the call
+    # with its own exit status; as the shell's child it ends as killed (128 + N), which the shell passes on.
+    return argv + prlimit_argv(limits) + [SHELL, "-c", '"$@"; exit $?', "sh", *command]
 
 
 def launcher_argv(

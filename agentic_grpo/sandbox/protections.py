@@ -17,8 +17,8 @@ _KERNEL = (
     "between slots; the parent-death signal that ends a namespace's pid 1 stays)"
 )
 _OWN_PID_1 = (
-    "; the command is the namespace's pid 1 (--as-pid-1): no bwrap process with the trainer's limits and "
-    "no filter is inside to ptrace"
+    "; pid 1 is a shell under the code's own filter and limits (--as-pid-1), the code its child: no bwrap "
+    "process with the trainer's limits and no filter is inside to ptrace, and code that kills itself ends as killed"
 )
 _SHARED_UID_METADATA = (
     "; seccomp refuses chmod, chown and utime in every form (Landlock does not mediate them, and the "

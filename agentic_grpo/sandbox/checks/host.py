@@ -246,12 +246,23 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.restype = ctypes.c_long
 libc.process_vm_readv.restype = ctypes.c_ssize_t
 out = {"self": os.getpid()}
+
+def bounds(pid):  # the seccomp mode and the limits a process runs under
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mode = next(line.split()[1] for line in f if line.startswith("Seccomp:"))
+        with open(f"/proc/{pid}/limits") as f:
+            return [mode, f.read()]
+    except (OSError, StopIteration):
+        return None
+
 for pid in sorted({1, os.getppid()} - {0, os.getpid()}):
     try:
         with open(f"/proc/{pid}/comm") as f:
             out[f"{pid} is"] = f.read().strip()
     except OSError as exc:
         out[f"{pid} is"] = exc.errno
+    out[f"{pid} bounded as the code"] = bounds(pid) == bounds("self")
     if libc.ptrace(ctypes.c_long(16), ctypes.c_long(pid), None, None) == 0:  # PTRACE_ATTACH
         out[f"attach {pid}"] = "OK"
         os.waitpid(pid, 0)
@@ -275,12 +286,15 @@ print(json.dumps(out))
 def ptrace_init(ctx: Context, slot: SandboxSlot) -> AttackResult:
     """Attach to pid 1 of the slot's view and to the code's parent, open their /proc/PID/mem for writing, read
     their memory: under bwrap without root a bwrap init there would keep the trainer's limits and no filter.
+    Harm is reaching a process that runs with fewer bounds than the code (another seccomp mode or other limits):
+    the shell that is pid 1 of a slot without root runs under the code's own filter and limits, so what the
+    code makes it do it could do itself.
 
     EFAULT from process_vm_readv means the permission check passed (the address was just unmapped).
     """
     result = run_code(slot, _PTRACE_CODE)
     out = last_json(result)
     harmed = [k for k, v in out.items() if k.split()[0] in ("attach", "mem", "vm_readv")
-              and (v == "OK" or v == errno.EFAULT)]  # fmt: skip
+              and (v == "OK" or v == errno.EFAULT) and not out.get(f"{k.split()[1]} bounded as the code")]  # fmt: skip
     detail = f"harmed: {harmed} code said {out or result.stderr[-300:]}"
     return AttackResult("ptrace_init", bool(out) and not harmed, detail[:600])

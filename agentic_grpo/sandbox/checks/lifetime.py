@@ -1,5 +1,5 @@
 """Attacks on what outlives a call or reaches past it: code that undoes what kills it at the deadline, that starts
-with the trainer's ignored signals, or that opens its workspace to other local users.
+with the trainer's ignored signals, that signals itself to death, or that opens its workspace to other local users.
 
 Harm is judged on the host (a heartbeat file that still grows after the call returned), or by what the code
 reports of its own signal dispositions.
@@ -41,6 +41,24 @@ def pdeathsig_cleared(ctx: Context, slot: SandboxSlot) -> AttackResult:
     blocked = result.timed_out and not beating and not survivors
     detail = f"timed_out={result.timed_out} beating={beating} survivors={survivors} code said {last_json(result)}"
     return AttackResult("pdeathsig_cleared", blocked, detail)
+
+
+_SELF_KILL = """
+import os, signal
+print("alive", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+print("survived", flush=True)
+"""
+
+
+def self_kill_status(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Code that kills itself with SIGKILL must end the call as killed (exit 137), as it would anywhere else:
+    a process that is its namespace's pid 1 cannot signal itself to death, and the call would report the code's
+    own exit status instead (a tool's error read as success)."""
+    result = run_code(slot, _SELF_KILL)
+    survived = "survived" in result.stdout
+    blocked = result.exit_code == 128 + signal.SIGKILL and not survived and "alive" in result.stdout
+    return AttackResult("self_kill_status", blocked, f"exit_code={result.exit_code} survived={survived}")
 
 
 _SIGNALS_SEEN = """
