@@ -32,17 +32,17 @@ from tests.varied_rewards import distinct_characters
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 
 
-def rows() -> list[dict]:
-    return [{"prompt": case_prompt(name), "question": name, "answer": "1"} for name in "abcdefgh"]
+def rows(names: str = "abcdefgh") -> list[dict]:
+    return [{"prompt": case_prompt(name), "question": name, "answer": "1"} for name in names]
 
 
-def trainer_for(model_dir, out, **overrides):
+def trainer_for(model_dir, out, data: list[dict] | None = None, **overrides):
     """One question x 2 a step, LoRA, a learning rate that moves the weights visibly in one step."""
     settings = dict(max_steps=3, num_generations=2, per_device_train_batch_size=2, max_turns=2, max_tokens_per_turn=8,
                     max_completion_length=32, learning_rate=1e-2, save_trajectories_steps=1, logging_steps=1,
                     async_rollouts=True)  # fmt: skip
     return build_trainer(
-        model_dir, out, [distinct_characters], rows(), peft_config=LORA, stepped_by_hand=False,
+        model_dir, out, [distinct_characters], data or rows(), peft_config=LORA, stepped_by_hand=False,
         environment="agentic_grpo.tools.calculator:Calculator", **{**settings, **overrides},
     )  # fmt: skip
 
@@ -78,6 +78,18 @@ def test_trajectories_stay_within_the_bound_and_train_the_rows_a_synchronous_run
     for step in range(1, 5):  # every step's rows are the data loader's: none skipped, none twice
         questions = [r["row"]["question"] for r in step_records(tmp_path / "async", step)]
         assert questions == [r["row"]["question"] for r in step_records(tmp_path / "sync", step)], step
+
+
+def test_an_epochs_first_step_is_sampled_when_it_begins(tiny_model_dir, tmp_path):
+    """The next epoch's rows exist only once the Trainer starts it: 3 rows, one a step, so steps 1 and 4 begin an
+    epoch; every row of each epoch is trained once, in the epochs' own orders."""
+    trainer = trainer_for(tiny_model_dir, tmp_path / "async", data=rows("abc"), max_steps=5)
+    trainer.train()
+    assert logged(trainer, "async/staleness/max") == [0, 1, 1, 0, 1]
+    trainer_for(tiny_model_dir, tmp_path / "sync", data=rows("abc"), max_steps=5, async_rollouts=None).train()
+    questions = [step_records(tmp_path / "async", step)[0]["row"]["question"] for step in range(1, 6)]
+    assert sorted(questions[:3]) == ["a", "b", "c"] and len(set(questions[3:])) == 2
+    assert questions == [step_records(tmp_path / "sync", step)[0]["row"]["question"] for step in range(1, 6)]
 
 
 def raw_read(logits, tokens, filters, rows_at_once=1):
