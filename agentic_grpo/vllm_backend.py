@@ -98,7 +98,7 @@ class VLLMBackend:
     def _wire_weight_sync(self, trainer: Any) -> None:
         """What TRL's sync sends: merged LoRA weights (`merged_parameters`), through vLLM's layer-wise reload on its
         CPU build (`reloaded_into_kernels`); each sync timed (`time/weight_sync`). No public seam: TRL's sync reads
-        the weights through `_iter_named_params` (see `PRIVATE_SEAMS`)."""
+        the weights through `_iter_named_params` (see `agentic_grpo.trl_seams`)."""
         weights = self.vllm._iter_named_params
         if is_peft_model(getattr(self.vllm, "model", None)):
             # Under FSDP TRL walks the sharded modules its own way; `check_trainer_setup` refuses a LoRA policy

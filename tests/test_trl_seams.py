@@ -1,5 +1,5 @@
 """The trainer's contract with TRL: every private TRL/transformers method it overrides or calls is listed in
-`agentic_grpo.trainer.PRIVATE_SEAMS` with the parameters it relies on, and matches the installed TRL."""
+`agentic_grpo.trl_seams.PRIVATE_SEAMS` with the parameters it relies on, and matches the installed TRL."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from agentic_grpo.canaries import ResumeCanary
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.chunked_logps import ChunkedLogps
 from agentic_grpo.epoch_order import ResumableOrder
-from agentic_grpo.trainer import PRIVATE_SEAMS, SEAM_RETURNS, AgenticGRPOTrainer
+from agentic_grpo.trainer import AgenticGRPOTrainer
+from agentic_grpo.trl_seams import PRIVATE_SEAMS, SEAM_RETURNS
 from tests.helpers import require_vllm
 
 
