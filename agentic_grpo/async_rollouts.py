@@ -26,18 +26,26 @@ One step of an asynchronous run, in order (`AsyncRolloutsLayer`):
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentic_grpo.async_sampler import AsyncSampler, Batch, Job, digest, snapshot
+from agentic_grpo.async_sampler import AsyncSampler, Batch, Job, snapshot
 from agentic_grpo.backends import dropout_off
-from agentic_grpo.canaries import CanaryError, canary_limit, rows_fingerprint, sampler_disagreement
-from agentic_grpo.data import with_row
+from agentic_grpo.canaries import (
+    CanaryError,
+    canary_limit,
+    rows_fingerprint,
+    sampler_disagreement,
+    tensors_fingerprint,
+)
+from agentic_grpo.checkpoints import resolved_checkpoint
+from agentic_grpo.data import with_rows
 from agentic_grpo.kv_reuse import why_not_reusable
-from agentic_grpo.shrinking_batch import filters_of, positions_from_mask, processed_token_logprobs
+from agentic_grpo.shrinking_batch import filters_of, processed_read
 
 PENDING_FILE = "async_rollouts.pt"
 LINEAR_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -155,15 +163,12 @@ class AsyncRolloutsLayer:
         for offset, (batches, _) in enumerate(self._peeked[: self.args.async_rollouts.max_staleness], start=1):
             later = step + offset
             if later < self.state.max_steps and later not in given:
-                inputs = [dict(row) for row in batches[0]]  # a generation batch: the step's first micro-batch
-                columns = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
-                wanted.append(
-                    (later, [with_row(r["prompt"], c) for r, c in zip(inputs, columns, strict=True)], columns)
-                )
+                inputs, columns = with_rows(batches[0])  # a generation batch: the step's first micro-batch
+                wanted.append((later, [row["prompt"] for row in inputs], columns))
         if not wanted:
             return
         weights = snapshot(self.accelerator.unwrap_model(self.model), self.sampler.names)
-        self._expected[step] = digest(weights)
+        self._expected[step] = tensors_fingerprint(weights)
         for later, later_prompts, later_rows in wanted:
             self.sampler.submit(Job(later, later_prompts, later_rows, step, weights))
 
@@ -181,7 +186,7 @@ class AsyncRolloutsLayer:
                 f"{batch.version}, {step - batch.version} steps old; `max_staleness` is {self.args.async_rollouts.max_staleness}"
             )
         expected = self._expected.get(batch.version)
-        if expected is None or expected != batch.weights_digest:
+        if expected != batch.weights_digest:
             raise RuntimeError(
                 f"async rollouts: step {step + 1}'s trajectories say they were sampled with the weights of version "
                 f"{batch.version}, but the sampler held other weights (digest {batch.weights_digest}, version "
@@ -191,8 +196,6 @@ class AsyncRolloutsLayer:
             del self._expected[old]
 
     def _start_sampler(self) -> AsyncSampler:
-        import copy
-
         policy = self.accelerator.unwrap_model(self.model)
         tokenizer = copy.deepcopy(self.processing_class)  # a fast tokenizer is not shared between threads
         sampler = AsyncSampler(
@@ -247,12 +250,10 @@ class AsyncRolloutsLayer:
             if not filters.active:
                 size = self.args.per_device_train_batch_size
                 return self._get_per_token_logps_and_entropies(self.model, ids, mask, width, size)[0]
-            rows = []
-            for row in range(ids.size(0)):
-                with positions_from_mask(self.model):
-                    logits = self.model(input_ids=ids[row : row + 1], attention_mask=mask[row : row + 1]).logits
-                rows.append(processed_token_logprobs(logits[:, -width - 1 : -1], ids[row : row + 1, -width:], filters))
-            return torch.cat(rows)
+            rows = [
+                slice(row, row + 1) for row in range(ids.size(0))
+            ]  # one at a time: the filters sort the vocabulary
+            return torch.cat([processed_read(self.model, ids[row], mask[row], width, filters) for row in rows])
 
     # --- checkpoints and the run's end ----------------------------------------------------------
 
@@ -266,11 +267,7 @@ class AsyncRolloutsLayer:
         torch.save({"batches": pending, "expected": expected}, Path(directory) / PENDING_FILE)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        checkpoint = resume_from_checkpoint
-        if checkpoint is True:
-            from transformers.trainer_utils import get_last_checkpoint
-
-            checkpoint = get_last_checkpoint(self.args.output_dir)
+        checkpoint = resolved_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if checkpoint and (Path(checkpoint) / PENDING_FILE).is_file():
             stored = torch.load(Path(checkpoint) / PENDING_FILE, weights_only=False)
             self._restored, self._expected = stored["batches"], dict(stored["expected"])

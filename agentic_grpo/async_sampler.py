@@ -20,7 +20,6 @@ resumed run relies on.
 from __future__ import annotations
 
 import copy
-import hashlib
 import threading
 import time
 import traceback
@@ -30,8 +29,8 @@ from typing import Any
 import torch
 
 from agentic_grpo.backends import TransformersBackend
-from agentic_grpo.canaries import ROWS_READ, logprob_agreement
-from agentic_grpo.shrinking_batch import SamplingFilters, processed_token_logprobs
+from agentic_grpo.canaries import ROWS_READ, logprob_agreement, tensors_fingerprint
+from agentic_grpo.shrinking_batch import SamplingFilters, processed_read
 
 CLOSE_WAIT = 60.0
 """The most seconds a run's end waits for the sampler's job in progress."""
@@ -50,15 +49,6 @@ def snapshot(model: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor
     """A copy of the named parameters' values, on the CPU (what the sampler loads for one job)."""
     parameters = dict(model.named_parameters())
     return {name: parameters[name].detach().to("cpu", copy=True) for name in names}
-
-
-def digest(tensors: dict[str, torch.Tensor]) -> str:
-    """A digest of named tensors' values (names and bytes, in name order)."""
-    hashed = hashlib.sha256()
-    for name in sorted(tensors):
-        hashed.update(name.encode())
-        hashed.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
-    return hashed.hexdigest()[:16]
 
 
 def sampler_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -247,7 +237,7 @@ class AsyncSampler:
         self.phase = f"reading step {job.step + 1}'s tokens for the sampler-trainer canary"
         canary = self.agreement(trajectories)
         parameters = dict(self.model.named_parameters())
-        held = digest({name: parameters[name] for name in self.names})
+        held = tensors_fingerprint({name: parameters[name] for name in self.names})
         return Batch(job.step, job.version, self.rows_digest(job.rows), trajectories, stats, held, seconds, canary)
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
@@ -272,8 +262,7 @@ class AsyncSampler:
                 continue
             ids = torch.tensor([list(trajectory.prompt_ids) + completion], device=self.model.device)
             with torch.no_grad():
-                logits = self.model(input_ids=ids).logits[:, -len(completion) - 1 : -1]
-            read = processed_token_logprobs(logits, ids[:, -len(completion) :], self.filters)[0]
+                read = processed_read(self.model, ids, torch.ones_like(ids), len(completion), self.filters)[0]
             sampled.append(torch.tensor(recorded, dtype=torch.float32))
             scored.append(read.float().cpu())
             masks.append(torch.tensor(trajectory.loss_mask))

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 
 from agentic_grpo.backends import dropout_off
+from agentic_grpo.checkpoints import resolved_checkpoint
 from agentic_grpo.run_files import write_run_status
-from agentic_grpo.shrinking_batch import filters_of, positions_from_mask, processed_token_logprobs
+from agentic_grpo.shrinking_batch import filters_of, processed_read
 from agentic_grpo.trainer_checks import check_resume_between_cycles
 
 TOKEN_LIMIT = 0.5
@@ -211,9 +212,7 @@ def check_sampler_agreement(trainer: Any, output: dict[str, Any], trajectories: 
         # One forward for the few rows on every process: sharded engines (ZeRO-3, FSDP) need the same count.
         with torch.no_grad(), dropout_off(trainer.model):
             if processed:
-                with positions_from_mask(trainer.model):
-                    logits = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1]
-                scored = processed_token_logprobs(logits, ids[:, -width:], filters)
+                scored = processed_read(trainer.model, ids, mask, width, filters)
             else:
                 scored = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width, len(rows))[0]
         sampled, tokens, padded = sampled[rows], tokens[rows], padded[rows]
@@ -245,16 +244,23 @@ def check_sampler_agreement(trainer: Any, output: dict[str, Any], trajectories: 
 # so that a resume from it draws the same rows wherever its output goes.
 
 
+def tensors_fingerprint(tensors: dict[str, torch.Tensor]) -> str:
+    """A digest of named tensors' values (each name and its values' bytes, in the mapping's order)."""
+    digest = hashlib.sha256()
+    for name, tensor in tensors.items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """A digest of the trained parameters' values: every LoRA adapter's of a PEFT model (whichever is trainable
     at the moment), else those that require grad; this process's shard under ZeRO-3 or FSDP."""
-    digest = hashlib.sha256()
     peft = hasattr(model, "peft_config") or hasattr(getattr(model, "module", None), "peft_config")
-    for name, parameter in model.named_parameters():
-        if ("lora_" in name) if peft else parameter.requires_grad:
-            digest.update(name.encode())
-            digest.update(parameter.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
+    return tensors_fingerprint({
+        name: parameter for name, parameter in model.named_parameters()
+        if (("lora_" in name) if peft else parameter.requires_grad)
+    })  # fmt: skip
 
 
 def rng_fingerprint() -> str:
@@ -298,13 +304,10 @@ class ResumeCanary:
             (Path(directory) / "run.json").write_text(json.dumps({"dataset": dataset}, indent=2))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        if resume_from_checkpoint is True:
-            from transformers.trainer_utils import get_last_checkpoint
-
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        resume_from_checkpoint = resolved_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if resume_from_checkpoint:
             check_resume_between_cycles(self.args, resume_from_checkpoint)
-        self._resumed_from = resume_from_checkpoint or None
+        self._resumed_from = resume_from_checkpoint
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def check_resume(self, inputs: list[dict[str, Any]]) -> None:

@@ -19,6 +19,15 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 STAGING_DIR = "partial-checkpoints"
 
 
+def resolved_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+    """The checkpoint `Trainer.train(resume_from_checkpoint=...)` resumes from: `True` is the last in `output_dir`."""
+    if resume_from_checkpoint is True:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        return get_last_checkpoint(output_dir)
+    return resume_from_checkpoint or None
+
+
 class AtomicCheckpoints:
     """Mix-in for a `transformers.Trainer` subclass (listed before it): checkpoints staged, then renamed."""
 

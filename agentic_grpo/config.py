@@ -211,8 +211,9 @@ class AgenticGRPOConfig(GRPOConfig):
         "most optimizer steps between the weights that sample a trajectory and the step that trains on it; the "
         "sampler waits rather than run further ahead, and no trajectory is dropped; default 1), "
         "`importance_weight_cap` (each token's weight, trainer over sampler probability after temperature, top-k "
-        "and top-p, is truncated there; default 3, as TRL's `vllm_importance_sampling_clip_max`) and `timeout` (seconds the trainer waits for a step's "
-        "trajectories before it stops, naming what the sampler is doing; default 1800).",
+        "and top-p, is truncated there; default 3, as TRL's `vllm_importance_sampling_clip_max`) and `timeout` "
+        "(seconds the trainer waits for a step's trajectories before it stops, naming what the sampler is doing; "
+        "default 1800).",
     )
 
     # --- experiments (agentic_grpo.experimental), out of `--help`
@@ -272,6 +273,15 @@ class AgenticGRPOConfig(GRPOConfig):
         return ExperimentalConfig.from_recipe(self.experimental)
 
 
+def refuse_unknown_keys(field_name: str, value: dict[str, Any], known: list[str]) -> None:
+    """Refuse the first key of a recipe field's mapping that is not in `known`, with the closest known key."""
+    for key in value:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else f"; the keys are {known}"
+            raise ValueError(f"recipe field `{field_name}`: key `{key}` is not known{hint}")
+
+
 @dataclass(frozen=True)
 class AsyncRollouts:
     """The recipe's `async_rollouts` settings (see the field's help)."""
@@ -294,12 +304,7 @@ def async_settings(value: Any) -> AsyncRollouts | None:
         return AsyncRollouts()
     if not isinstance(value, dict):
         raise ValueError(f"recipe field `async_rollouts`: `true`, `false` or a mapping, got {value!r}")
-    known = [f.name for f in dataclasses.fields(AsyncRollouts)]
-    for key in value:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else f"; the keys are {known}"
-            raise ValueError(f"recipe field `async_rollouts`: key `{key}` is not known{hint}")
+    refuse_unknown_keys("async_rollouts", value, [f.name for f in dataclasses.fields(AsyncRollouts)])
     settings = AsyncRollouts(**value)
     if not isinstance(settings.max_staleness, int) or settings.max_staleness < 1:
         raise ValueError(f"async_rollouts: max_staleness must be a whole number >= 1, got {settings.max_staleness!r}")
@@ -317,14 +322,9 @@ def sandbox_settings(value: dict | str | None) -> dict[str, Any]:
         loaded = yaml.safe_load(value) if value.lstrip().startswith("{") else value
         value = {"mode": loaded} if isinstance(loaded, str) else loaded
     value = dict(value or {})
-    known = [f.name for f in dataclasses.fields(SandboxConfig) if f.name != "timeout_s"]
-    for key in value:
-        if key == "timeout_s":
-            raise ValueError("recipe field `sandbox`: the sandbox's time limit is the recipe's `tool_timeout`")
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else f"; the keys are {list(known)}"
-            raise ValueError(f"recipe field `sandbox`: key `{key}` is not known{hint}")
+    if "timeout_s" in value:
+        raise ValueError("recipe field `sandbox`: the sandbox's time limit is the recipe's `tool_timeout`")
+    refuse_unknown_keys("sandbox", value, [f.name for f in dataclasses.fields(SandboxConfig) if f.name != "timeout_s"])
     SandboxConfig(**value)  # raises on a bad mode or limit
     return value
 

@@ -262,6 +262,16 @@ def processed_token_logprobs(
     return torch.cat(out)
 
 
+def processed_read(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, width: int, filters: SamplingFilters
+) -> torch.Tensor:
+    """The log-probs of the last `width` tokens of each row of `ids` under the processed distribution: one forward
+    of these rows, positions numbered from `mask`."""
+    with positions_from_mask(model):
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1]
+    return processed_token_logprobs(logits, ids[:, -width:], filters)
+
+
 # --- positions ------------------------------------------------------------------------------------
 # Position ids numbered from the attention mask, in every read of a trajectory.
 #

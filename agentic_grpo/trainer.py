@@ -45,7 +45,7 @@ from agentic_grpo.canaries import ResumeCanary, check_sampler_agreement
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.chunked_logps import ChunkedLogps, release_freed_memory
 from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.data import with_row
+from agentic_grpo.data import with_rows
 from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.epoch_order import ResumableOrder
 from agentic_grpo.formats import TrajectoryFormat
@@ -126,7 +126,7 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         needed = {
             "subagents": bool(parts.agents),
             "experimental": bool(args.experimental),
-            "async": args.async_rollouts,
+            "async": bool(args.async_rollouts),
         }
         missing = sorted(name for name, need in needed.items() if need and name not in layers)
         if missing:
@@ -166,10 +166,8 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         """TRL's generation and scoring of one batch of rows. The records of the step travel with `inputs`:
         TRL merges each row's `trajectory` into it, and `_calculate_rewards` writes the scores onto that."""
         self.check_resume(inputs)  # the resume canary: before the rollout draws random numbers
-        inputs = [dict(row) for row in inputs]  # TRL writes each row's trajectory into it: one dict per row
-        rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
-        for row, columns in zip(inputs, rows, strict=True):  # TRL hands `rollout_func` the prompts alone
-            row["prompt"] = with_row(row["prompt"], columns)
+        # One dict per row (TRL writes each row's trajectory into it); TRL hands `rollout_func` the prompts alone.
+        inputs, rows = with_rows(inputs)
         try:
             # Sample and score with dropout off: TRL leaves the policy in train mode here, and LoRA or attention
             # dropout would otherwise draw random masks for the sampled tokens and for the old and reference

@@ -14,7 +14,8 @@ from typing import Any
 
 def trainer_class(args: Any, rollout_parts: Any = None) -> type:
     """`AgenticGRPOTrainer` with the layers `args` (an `AgenticGRPOConfig`) and its rollout parts need: sub-agents
-    where the recipe has any, experiments where it sets `experimental:`."""
+    where the recipe has any, experiments where it sets `experimental:`, asynchronous rollouts where it sets
+    `async_rollouts`."""
     agents = rollout_parts.agents if rollout_parts is not None else getattr(args, "subagents", None)
     return _composed(
         bool(agents), bool(getattr(args, "experimental", None)), bool(getattr(args, "async_rollouts", False))

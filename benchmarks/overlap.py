@@ -17,7 +17,6 @@ waits (tool calls, the judge), not arithmetic.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -29,7 +28,7 @@ from typing import Any
 import torch
 
 from agentic_grpo.benchmarks.rollout import sleeping
-from agentic_grpo.benchmarks.step import log, step_timer
+from agentic_grpo.benchmarks.step import log, parse_training_bench, step_timer, training_bench_parser
 
 
 def train_once(common: list[str], latency: float, asynchronous: bool) -> dict[str, Any]:
@@ -67,22 +66,10 @@ def train_once(common: list[str], latency: float, asynchronous: bool) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    own, overrides = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(
-        prog="agentic-grpo bench overlap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--recipe", default="cpu_demo", help="recipe file or shipped name (default: cpu_demo)")
-    parser.add_argument("--model", default=None, help="model instead of the recipe's (e.g. a tiny test model)")
-    parser.add_argument("--steps", type=int, default=4, help="training steps per run (default: 4)")
+    parser = training_bench_parser("overlap", __doc__, 4, "training steps per run")
     parser.add_argument("--latencies", type=float, nargs="+", default=[0.0, 1.0, 5.0],
                         help="seconds each tool call sleeps first (default: 0 1 5)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="sampling and training seed (default: 0)")
-    parser.add_argument("--smoke", action="store_true", help="2 steps, G=2, 16 tokens a turn, on a tiny --model")
-    args = parser.parse_args(own)
-    if args.smoke:
-        args.steps = 2
-        overrides = ["--num_generations", "2", "--gradient_accumulation_steps", "2", "--max_tokens_per_turn", "16",
-                     "--max_completion_length", "48", *overrides]  # fmt: skip
+    args, overrides = parse_training_bench(parser, argv)
 
     from agentic_grpo.resources import find_shipped
 

@@ -162,23 +162,37 @@ def summary(seconds: list[float]) -> dict[str, Any]:
     return {"step_seconds": [round(s, 2) for s in seconds], "median_seconds": round(statistics.median(timed), 3)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    own, overrides = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+def training_bench_parser(name: str, description: str, steps: int, steps_help: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that trains a recipe: `--recipe`, `--model`, `--steps`, `--seed`, `--smoke`."""
     parser = argparse.ArgumentParser(
-        prog="agentic-grpo bench step", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"agentic-grpo bench {name}",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--recipe", default="cpu_demo", help="recipe file or shipped name (default: cpu_demo)")
     parser.add_argument("--model", default=None, help="model instead of the recipe's (e.g. a tiny test model)")
-    parser.add_argument("--steps", type=int, default=6, help="training steps per trainer (default: 6)")
+    parser.add_argument("--steps", type=int, default=steps, help=f"{steps_help} (default: {steps})")
     parser.add_argument("--seed", type=int, default=0, help="sampling and training seed (default: 0)")
     parser.add_argument("--smoke", action="store_true",
                         help="2 steps, G=2, 16 tokens a turn: seconds on a tiny --model")  # fmt: skip
+    return parser
+
+
+def parse_training_bench(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The options before `--` and the recipe fields after it; `--smoke` makes the run 2 small steps."""
+    own, overrides = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     args = parser.parse_args(own)
     if args.smoke:
         args.steps = 2
         overrides = ["--num_generations", "2", "--gradient_accumulation_steps", "2", "--max_tokens_per_turn", "16",
                      "--max_completion_length", "48", *overrides]  # fmt: skip
+    return args, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = training_bench_parser("step", __doc__, 6, "training steps per trainer")
+    args, overrides = parse_training_bench(parser, argv)
 
     from agentic_grpo.resources import find_shipped
     from agentic_grpo.train import prepare

@@ -25,6 +25,7 @@ import agentic_grpo.async_rollouts as async_rollouts
 from agentic_grpo.async_rollouts import check_async_config, importance_weights
 from agentic_grpo.async_sampler import AsyncSampler, AsyncTimeout, sampler_copy
 from agentic_grpo.config import AgenticGRPOConfig
+from agentic_grpo.shrinking_batch import positions_from_mask
 from tests.helpers import build_trainer
 from tests.scripted import case_prompt
 from tests.varied_rewards import distinct_characters
@@ -92,15 +93,17 @@ def test_an_epochs_first_step_is_sampled_when_it_begins(tiny_model_dir, tmp_path
     assert questions == [step_records(tmp_path / "sync", step)[0]["row"]["question"] for step in range(1, 6)]
 
 
-def raw_read(logits, tokens, filters, rows_at_once=1):
+def raw_read(model, ids, mask, width, filters):
     """TRL's read: log-softmax of the raw logits over the temperature, whatever the sampler's filters."""
-    return torch.log_softmax(logits.float() / filters.temperature, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    with positions_from_mask(model):
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float()
+    return torch.log_softmax(logits / filters.temperature, -1).gather(-1, ids[:, -width:, None]).squeeze(-1)
 
 
 @pytest.mark.parametrize("planted", [False, True], ids=["processed", "planted-raw-read"])
 def test_unchanged_weights_weigh_every_token_one_under_top_p_and_top_k(tiny_model_dir, tmp_path, monkeypatch, planted):
     if planted:
-        monkeypatch.setattr(async_rollouts, "processed_token_logprobs", raw_read)
+        monkeypatch.setattr(async_rollouts, "processed_read", raw_read)
     trainer = trainer_for(tiny_model_dir, tmp_path, learning_rate=0.0, top_p=0.8, top_k=20, temperature=0.7)
     trainer.train()
     means, maxima = logged(trainer, "async/importance_weight/mean"), logged(trainer, "async/importance_weight/max")
