@@ -209,7 +209,8 @@ class AgenticGRPOConfig(GRPOConfig):
         "Sample the next steps' trajectories in a background thread while this step trains (agentic_grpo."
         "async_rollouts, docs/async.md; one process, HF generation): `true`, or a mapping of `max_staleness` (the "
         "most optimizer steps between the weights that sample a trajectory and the step that trains on it; the "
-        "sampler waits rather than run further ahead, and no trajectory is dropped; default 1), "
+        "sampler waits rather than run further ahead, and no trajectory is dropped; default 1; 0 samples each step "
+        "with its own weights, overlapping nothing), "
         "`importance_weight_cap` (each token's weight, trainer over sampler probability after temperature, top-k "
         "and top-p, is truncated there; default 3, as TRL's `vllm_importance_sampling_clip_max`) and `timeout` "
         "(seconds the trainer waits for a step's trajectories before it stops, naming what the sampler is doing; "
@@ -306,8 +307,8 @@ def async_settings(value: Any) -> AsyncRollouts | None:
         raise ValueError(f"recipe field `async_rollouts`: `true`, `false` or a mapping, got {value!r}")
     refuse_unknown_keys("async_rollouts", value, [f.name for f in dataclasses.fields(AsyncRollouts)])
     settings = AsyncRollouts(**value)
-    if not isinstance(settings.max_staleness, int) or settings.max_staleness < 1:
-        raise ValueError(f"async_rollouts: max_staleness must be a whole number >= 1, got {settings.max_staleness!r}")
+    if not isinstance(settings.max_staleness, int) or settings.max_staleness < 0:
+        raise ValueError(f"async_rollouts: max_staleness must be a whole number >= 0, got {settings.max_staleness!r}")
     if not isinstance(settings.importance_weight_cap, (int, float)) or settings.importance_weight_cap < 1:
         raise ValueError(f"async_rollouts: importance_weight_cap must be >= 1, got {settings.importance_weight_cap!r}")
     if not isinstance(settings.timeout, (int, float)) or settings.timeout <= 0:

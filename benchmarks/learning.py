@@ -102,15 +102,15 @@ VLLM_SAMPLING = ["--use_vllm", "true", "--vllm_gpu_memory_utilization", "0.3"]
 
 
 def train(
-    recipe: str, seed: int, output_dir: str, max_steps: int | None, engine: str = "hf", asynchronous: bool = False
+    recipe: str, seed: int, output_dir: str, max_steps: int | None, engine: str = "hf", staleness: int | None = None
 ) -> tuple[float, int]:
     """Train one run in a child process; returns its minutes and its peak resident memory in MB."""
     command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", recipe, "--seed", str(seed),
                "--output_dir", output_dir, "--eval_before_after", "false", "--overwrite_output_dir", "true"]  # fmt: skip
     if engine == "vllm":
         command += VLLM_SAMPLING
-    if asynchronous:
-        command += ["--async_rollouts", "true"]
+    if staleness is not None:
+        command += ["--async_rollouts", f"{{max_staleness: {staleness}}}"]
     if max_steps:
         command += ["--max_steps", str(max_steps)]
     start = time.time()
@@ -122,9 +122,14 @@ def train(
     return (time.time() - start) / 60, round(usage.ru_maxrss / 1024)
 
 
+def staleness(args: argparse.Namespace) -> int | None:
+    """The run's `max_staleness`, None for a synchronous run."""
+    return args.max_staleness if args.max_staleness is not None else (1 if args.async_rollouts else None)
+
+
 def train_and_measure(recipe: str, seed: int, output_dir: str, args: argparse.Namespace, before: dict) -> dict:
     """One seed: a real training run, then its strict held-out accuracy."""
-    minutes, peak_mb = train(recipe, seed, output_dir, args.max_steps, args.engine, args.async_rollouts)
+    minutes, peak_mb = train(recipe, seed, output_dir, args.max_steps, args.engine, staleness(args))
     after = held_out(output_dir, recipe, args.questions, args.k, Path(output_dir) / "held_out.json")
     run = {
         "seed": seed,
@@ -174,8 +179,14 @@ def main() -> int:
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                         help="what samples the training rollouts: HF generate, or a colocated vLLM engine "
                              "(`use_vllm: true`); the held-out evaluation is HF's either way (default: hf)")  # fmt: skip
-    parser.add_argument("--async-rollouts", action="store_true",
-                        help="train with `async_rollouts: true` (the sampler a step ahead; docs/async.md)")  # fmt: skip
+    parser.add_argument(
+        "--async-rollouts",
+        action="store_true",
+        help="train with `async_rollouts: true` (the sampler a step ahead; docs/async.md)",
+    )
+    parser.add_argument("--max-staleness", type=int, default=None,
+                        help="train with `async_rollouts: {max_staleness: N}` (0: the sampler in lockstep, each step "
+                             "sampled by its own weights with the asynchronous sampler's noise)")  # fmt: skip
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else args.seeds
 
@@ -198,14 +209,16 @@ def main() -> int:
     for seed in seeds:
         run = functools.partial(train_and_measure, recipe, seed, f"{stem}-seed{seed}", args, before)
         engine = {"engine": args.engine} if args.engine != "hf" else {}  # the key of runs cached before the option
-        engine |= {"async_rollouts": True} if args.async_rollouts else {}
+        engine |= {"async_rollouts": True} if staleness(args) == 1 else {}
+        engine |= {"max_staleness": staleness(args)} if staleness(args) not in (None, 1) else {}
         runs.append(cached(Path(f"{stem}-seed{seed}.json"), {**key, "max_steps": args.max_steps, **engine}, run))
     gains = [r["gain_points"] for r in runs]
     result = {
         "benchmark": "learning",
         "recipe": shipped.name,
         "engine": args.engine,
-        "async_rollouts": args.async_rollouts,
+        "async_rollouts": staleness(args) is not None,
+        **({"max_staleness": staleness(args)} if staleness(args) is not None else {}),
         "scoring": "strict: the final answer is the reference number itself",
         "questions": args.questions,
         "k": args.k,

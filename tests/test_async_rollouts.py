@@ -81,6 +81,28 @@ def test_trajectories_stay_within_the_bound_and_train_the_rows_a_synchronous_run
         assert questions == [r["row"]["question"] for r in step_records(tmp_path / "sync", step)], step
 
 
+def test_staleness_zero_samples_each_step_with_its_own_weights(tiny_model_dir, tmp_path):
+    """The lockstep control: each step's trajectories come from the weights that train on them, so every token
+    weighs 1, while the sampler's own per-step noise is the same as at staleness 1 (step 1 samples alike)."""
+    trainer = trainer_for(tiny_model_dir, tmp_path / "zero", async_rollouts={"max_staleness": 0})
+    trainer.train()
+    assert logged(trainer, "async/staleness/max") == [0, 0, 0]
+    for step in (1, 2, 3):
+        versions = {
+            s["policy_version"]
+            for r in step_records(tmp_path / "zero", step)
+            for s in r["segments"]
+            if s["role"] == "model"
+        }
+        assert versions == {step - 1}, (step, versions)
+    assert logged(trainer, "async/importance_weight/mean") == pytest.approx([1.0, 1.0, 1.0], abs=1e-5)
+    trainer_for(tiny_model_dir, tmp_path / "one").train()
+    tokens = [
+        [[s["token_ids"] for s in r["segments"]] for r in step_records(tmp_path / name, 1)] for name in ("zero", "one")
+    ]
+    assert tokens[0] == tokens[1]
+
+
 def test_an_epochs_first_step_is_sampled_when_it_begins(tiny_model_dir, tmp_path):
     """The next epoch's rows exist only once the Trainer starts it: 3 rows, one a step, so steps 1 and 4 begin an
     epoch; every row of each epoch is trained once, in the epochs' own orders."""
@@ -208,7 +230,7 @@ def test_what_async_rollouts_cannot_run_with_is_refused_before_a_model_loads(tmp
 @pytest.mark.parametrize(
     "value, named",
     [
-        ({"max_staleness": 0}, "max_staleness must be a whole number >= 1"),
+        ({"max_staleness": -1}, "max_staleness must be a whole number >= 0"),
         ({"importance_weight_cap": 0.5}, "importance_weight_cap must be >= 1"),
         ({"max_stalenes": 2}, "did you mean `max_staleness`"),
         ("[1, 2]", "`true`, `false` or a mapping"),
