@@ -99,9 +99,12 @@ class AsyncRolloutsLayer:
 
     layer = "async"
 
+    @staticmethod
+    def check_layer_setup(args: Any, rollout_parts: Any) -> None:
+        check_async_config(args)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        check_async_config(self.args)
         if self.accelerator.num_processes > 1:
             raise ValueError("async_rollouts runs in one process: launch without several processes")
         reason = why_not_reusable(self.accelerator.unwrap_model(self.model), self.generation_config)

@@ -103,9 +103,8 @@ def prepare(argv: list[str]) -> PreparedRun:
     from agentic_grpo.data import add_prompts
     from agentic_grpo.models import model_init_kwargs, resolve_model
     from agentic_grpo.run_parts import build_recipe
-    from agentic_grpo.trainer_checks import check_trainer_setup
-    from agentic_grpo.trainer_layers import check_layers
-    from agentic_grpo.vllm_backend import NO_CONSTRAINED_ACTIONS
+    from agentic_grpo.trainer_checks import check_setup
+    from agentic_grpo.trainer_layers import trainer_class
 
     use_cpu_when_distributed_without_gpu()  # before the recipe is parsed: that initialises the process group
     check_no_deepspeed_without_cuda(os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true")
@@ -121,11 +120,7 @@ def prepare(argv: list[str]) -> PreparedRun:
         ) from exc
     config, model_config, parts, rewards = built.config, built.model_config, built.rollout_parts, built.rewards
     set_seed(config.seed)
-    check_trainer_setup(config, rewards, parts.all_agents(), peft=model_config.use_peft)
-    slot = getattr(parts.trajectory_format, "action_choices", None)
-    if config.use_vllm and slot:
-        raise ValueError(NO_CONSTRAINED_ACTIONS)  # before a model loads; the backend refuses it too, for user code
-    check_layers(config, parts)
+    check_setup(trainer_class(config, parts), config, rewards, parts, peft=model_config.use_peft)
     train, test = built.train, built.test
     skip_evaluation_of_a_short_run(config, argv)
     if config.eval_before_after:
@@ -148,21 +143,29 @@ def prepare(argv: list[str]) -> PreparedRun:
     )
 
 
+def build_trainer(prepared: PreparedRun) -> Any:
+    """The recipe's trainer (its class with the layers the recipe uses), on the checked run: the model loads here."""
+    from agentic_grpo.trainer_layers import trainer_class
+
+    config = prepared.config
+    # With `eval_strategy: steps` and `eval_steps: N`, TRL scores the held-out split every N
+    # steps through the same rollouts (logged as eval_*); otherwise it is left alone.
+    evaluating = config.eval_strategy != "no"
+    return trainer_class(config, prepared.rollout_parts)(
+        model=prepared.model_path, reward_funcs=prepared.rewards, args=config, train_dataset=prepared.train,
+        rollout_parts=prepared.rollout_parts, peft_config=prepared.peft_config,
+        quantization_config=prepared.quantization_config, eval_dataset=prepared.test if evaluating else None,
+        setup_checked=True,  # `prepare` ran `check_setup` before the model loaded
+    )  # fmt: skip
+
+
 def run(prepared: PreparedRun) -> int:
     from agentic_grpo.run_files import write_run_status
-    from agentic_grpo.trainer_layers import trainer_class
 
     config, model_path, rewards, test = prepared.config, prepared.model_path, prepared.rewards, prepared.test
 
     start = time.time()
-    # With `eval_strategy: steps` and `eval_steps: N`, TRL scores the held-out split every N
-    # steps through the same rollouts (logged as eval_*); otherwise it is left alone.
-    evaluating = config.eval_strategy != "no"
-    trainer = trainer_class(config, prepared.rollout_parts)(
-        model=model_path, reward_funcs=rewards, args=config, train_dataset=prepared.train,
-        rollout_parts=prepared.rollout_parts, peft_config=prepared.peft_config,
-        quantization_config=prepared.quantization_config, eval_dataset=test if evaluating else None,
-    )  # fmt: skip
+    trainer = build_trainer(prepared)
     main_process = trainer.accelerator.is_main_process
     if main_process:
         write_run_status(config.output_dir, "running", argv=prepared.argv, model=model_path, started=time.ctime(start),

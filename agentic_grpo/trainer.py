@@ -16,9 +16,10 @@ training step, in order:
    of the trajectories numbers positions from the attention mask, as the sampler does
    (`_get_per_token_logps_and_entropies`, `agentic_grpo.shrinking_batch`).
 
-This trainer is the policy's alone. Sub-agents (`agentic_grpo.subagents.layer`) and experiments
-(`agentic_grpo.experimental.layer`) are layers: subclasses that extend these steps, composed for a recipe by
-`agentic_grpo.trainer_layers.trainer_class`. This module imports neither.
+This trainer is the policy's alone. Sub-agents (`agentic_grpo.subagents.layer`), experiments
+(`agentic_grpo.experimental.layer`) and asynchronous rollouts (`agentic_grpo.async_rollouts`) are layers:
+subclasses that extend these steps, composed for a recipe by `agentic_grpo.trainer_layers.trainer_class`. This
+module imports none of them.
 
 Metrics enter TRL's logs in one place, `log_metrics`. The private TRL/transformers methods this trainer
 overrides or calls are listed in `agentic_grpo.trl_seams`; a test checks them against the installed TRL.
@@ -46,7 +47,6 @@ from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.chunked_logps import ChunkedLogps, release_freed_memory
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.data import with_rows
-from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.epoch_order import ResumableOrder
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
@@ -59,7 +59,7 @@ from agentic_grpo.run_parts import build_rollout_parts
 from agentic_grpo.selection import batch_selection_metrics
 from agentic_grpo.shrinking_batch import positions_from_mask
 from agentic_grpo.token_round_trip import check_token_round_trip
-from agentic_grpo.trainer_checks import check_trainer_setup
+from agentic_grpo.trainer_checks import check_setup
 from agentic_grpo.trajectory import Trajectory, masked_loss_mask
 from agentic_grpo.trl_environment import tool_environment_factory, with_environment_reward
 from agentic_grpo.vllm_backend import VLLMBackend, engine_as_the_policy
@@ -88,6 +88,8 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
             `ToolEnvironment`, or an environment written for TRL's `environment_factory` (`reset(**kwargs)`).
         trajectory_format: instead of the parts' format.
         generation_backend: default: HF `generate` on the policy.
+        setup_checked: `agentic_grpo.trainer_checks.check_setup` already ran on these arguments (as
+            `agentic_grpo.train.prepare` runs it, before the model loads); otherwise the trainer runs it.
         **kwargs: passed to `GRPOTrainer` (eval_dataset, processing_class, peft_config, callbacks, ...).
     """
 
@@ -101,6 +103,7 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         environment_factory: Callable[[], Any] | None = None,
         trajectory_format: TrajectoryFormat | None = None,
         generation_backend: GenerationBackend | None = None,
+        setup_checked: bool = False,
         **kwargs: Any,
     ) -> None:
         parts = rollout_parts or build_rollout_parts(args)
@@ -109,31 +112,15 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         environment_class = getattr(environment_factory, "environment_class", parts.environment)
         reward_funcs = with_environment_reward(environment_class, reward_funcs, args)
         lora = kwargs.get("peft_config") is not None or hasattr(model, "peft_config")
-        check_trainer_setup(args, reward_funcs, parts.all_agents(), peft=lora)
-        reward_funcs = guard_rewards(reward_funcs, args.on_reward_error)
-        if args.advantage == "anchor" and parts.environment.state_hash is ToolEnvironment.state_hash:
-            raise ValueError(
-                f"`advantage: anchor` groups turns by the environment's state, but `{parts.environment.__name__}` "
-                "defines no `state_hash()`: add one to the environment, or use `advantage: turn` or `outcome`"
-            )
         if environment_factory is not None or trajectory_format is not None:
             parts = dataclasses.replace(
                 parts,
                 environment_factory=environment_factory or parts.environment_factory,
                 trajectory_format=trajectory_format or parts.trajectory_format,
             )
-        layers = {getattr(cls, "layer", None) for cls in type(self).__mro__}
-        needed = {
-            "subagents": bool(parts.agents),
-            "experimental": bool(args.experimental),
-            "async": bool(args.async_rollouts),
-        }
-        missing = sorted(name for name, need in needed.items() if need and name not in layers)
-        if missing:
-            raise ValueError(
-                f"this recipe uses {' and '.join(missing)}, which `{type(self).__name__}` has no layer for: build the "
-                "trainer from `agentic_grpo.trainer_layers.trainer_class(args, rollout_parts)`"
-            )
+        if not setup_checked:
+            check_setup(type(self), args, reward_funcs, parts, peft=lora)
+        reward_funcs = guard_rewards(reward_funcs, args.on_reward_error)
         self.rollout_parts = parts
         self.trajectory_format = parts.trajectory_format
         # vLLM: the colocated engine in the policy's dtype; in server mode with LoRA, no NCCL weight transfer.

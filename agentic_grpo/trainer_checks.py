@@ -1,5 +1,6 @@
 """Set-ups the trainer refuses before a model loads, whoever builds it (the CLI or user code): layouts that would
-train on wrong numbers, or crash at the first backward."""
+train on wrong numbers, or crash at the first backward. `check_setup` runs them all, once: in `agentic_grpo.train.
+prepare` before the model loads, or in the trainer when user code builds it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,36 @@ from typing import Any
 
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.shrinking_batch import filters_of
+
+
+def check_setup(
+    trainer_class: type, args: AgenticGRPOConfig, reward_funcs: list[Callable], rollout_parts: Any, peft: bool = False
+) -> None:
+    """Every set-up check of a run, before a model loads: the trainer's layout (`check_trainer_setup`), what the
+    recipe's trajectory format and environment must offer, that `trainer_class` has the layers the recipe uses,
+    and each layer's own `check_layer_setup(args, rollout_parts)`; raises ValueError with one clear message."""
+    from agentic_grpo.environment import ToolEnvironment
+    from agentic_grpo.vllm_backend import NO_CONSTRAINED_ACTIONS
+
+    check_trainer_setup(args, reward_funcs, rollout_parts.all_agents(), peft=peft)
+    if args.use_vllm and getattr(rollout_parts.trajectory_format, "action_choices", None):
+        raise ValueError(NO_CONSTRAINED_ACTIONS)
+    if args.advantage == "anchor" and rollout_parts.environment.state_hash is ToolEnvironment.state_hash:
+        raise ValueError(
+            f"`advantage: anchor` groups turns by the environment's state, but `{rollout_parts.environment.__name__}` "
+            "defines no `state_hash()`: add one to the environment, or use `advantage: turn` or `outcome`"
+        )
+    layers = {getattr(layer, "layer", None) for layer in trainer_class.__mro__}
+    needed = {"subagents": rollout_parts.agents, "experimental": args.experimental, "async": args.async_rollouts}
+    missing = sorted(name for name, need in needed.items() if need and name not in layers)
+    if missing:
+        raise ValueError(
+            f"this recipe uses {' and '.join(missing)}, which `{trainer_class.__name__}` has no layer for: build the "
+            "trainer from `agentic_grpo.trainer_layers.trainer_class(args, rollout_parts)`"
+        )
+    for layer in trainer_class.__mro__:
+        if "check_layer_setup" in vars(layer):
+            layer.check_layer_setup(args, rollout_parts)
 
 
 def check_trainer_setup(

@@ -1,7 +1,8 @@
 """The trainer class for a recipe: `AgenticGRPOTrainer`, the policy's trainer, with the layers the recipe uses.
 
 A layer is a mixin that extends the trainer's steps (`_sample`, `_rollout_metrics`, `_advantages`,
-`compute_loss`, ...) and names itself in `layer`; the trainer refuses a recipe whose layers its class lacks.
+`compute_loss`, ...), names itself in `layer` and may check its settings before a model loads
+(`check_layer_setup`); the trainer refuses a recipe whose layers its class lacks.
 Sub-agents (`agentic_grpo.subagents.layer`), experiments (`agentic_grpo.experimental.layer`) and asynchronous
 rollouts (`agentic_grpo.async_rollouts`) are the three; each is imported only for a recipe that uses it.
 """
@@ -20,18 +21,6 @@ def trainer_class(args: Any, rollout_parts: Any = None) -> type:
     return _composed(
         bool(agents), bool(getattr(args, "experimental", None)), bool(getattr(args, "async_rollouts", False))
     )
-
-
-def check_layers(args: Any, rollout_parts: Any) -> None:
-    """The layers' own set-up checks, before a model loads (`agentic_grpo.train.prepare`)."""
-    if getattr(args, "async_rollouts", False):
-        from agentic_grpo.async_rollouts import check_async_config
-
-        check_async_config(args)
-    if getattr(args, "experimental", None):
-        from agentic_grpo.experimental.layer import check_experiments
-
-        check_experiments(args, rollout_parts)
 
 
 @functools.cache

@@ -315,3 +315,22 @@ def test_checkpoints_inside_a_generation_cycle_are_refused_at_start_up_and_at_re
     with pytest.raises(ValueError, match="saved at step 3, inside a generation cycle of 2 optimizer steps"):
         check_resume_between_cycles(SimpleNamespace(**layout), tmp_path / "checkpoint-3")
     check_resume_between_cycles(SimpleNamespace(**layout), tmp_path / "checkpoint-4")
+
+
+def test_a_cli_run_checks_its_setup_once_and_user_code_gets_the_same_checks(tmp_path, monkeypatch):
+    """`prepare` runs every set-up check before the model loads and the trainer it builds does not run them again;
+    a trainer built by user code runs them itself (here: a refusal `prepare` would have given)."""
+    from agentic_grpo import trainer_checks
+    from agentic_grpo.train import build_trainer, prepare
+
+    calls = []
+    real = trainer_checks.check_trainer_setup
+    monkeypatch.setattr(trainer_checks, "check_trainer_setup", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prepared = prepare(["--config", "ci_tiny", "--output_dir", str(tmp_path / "out"), "--max_steps", "1"])
+    assert len(calls) == 1
+    build_trainer(prepared)
+    assert len(calls) == 1
+    anchor = config(tmp_path / "anchor", advantage="anchor")  # the Python interpreter has no state_hash
+    with pytest.raises(ValueError, match="defines no `state_hash"):
+        AgenticGRPOTrainer(model=prepared.model_path, reward_funcs=[exact], args=anchor, train_dataset=prepared.train)
+    assert len(calls) == 2

@@ -35,11 +35,11 @@ class ExperimentsLayer:
     """The recipe's `experimental:` options over `AgenticGRPOTrainer` (a mixin placed before it)."""
 
     layer = "experimental"
+    check_layer_setup = staticmethod(check_experiments)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.experiments = self.args.experiments
-        check_experiments(self.args, self.rollout_parts)
         slot = getattr(self.trajectory_format, "action_choices", None)
         # The first action slot's choices, for `choice_gradient_weight`.
         self.choice_tokens = (
