@@ -43,9 +43,9 @@ from agentic_grpo.canaries import (
     tensors_fingerprint,
 )
 from agentic_grpo.checkpoints import resolved_checkpoint
-from agentic_grpo.data import with_rows
 from agentic_grpo.kv_reuse import why_not_reusable
 from agentic_grpo.shrinking_batch import filters_of, processed_read
+from agentic_grpo.trajectory import with_rows
 
 PENDING_FILE = "async_rollouts.pt"
 LINEAR_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")

@@ -249,34 +249,3 @@ def check_columns(dataset: Dataset, required: list[str], where: str) -> None:
 def add_prompts(dataset: Dataset, trajectory_format: Any) -> Dataset:
     """Add the conversational `prompt` column TRL expects, as the format opens a trajectory."""
     return dataset.map(lambda row: {"prompt": trajectory_format.prompt_messages(str(row["question"]))})
-
-
-class MessagesOfRow(list):
-    """A conversational prompt that carries its dataset row (`with_row`)."""
-
-    row: dict[str, Any]
-
-
-class TextOfRow(str):
-    """A plain-text prompt that carries its dataset row (`with_row`)."""
-
-    row: dict[str, Any]
-
-
-def with_rows(inputs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Copies of a generation's rows, each `prompt` carrying the row's other columns (`with_row`), and those
-    columns."""
-    inputs = [dict(row) for row in inputs]
-    rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
-    for row, columns in zip(inputs, rows, strict=True):
-        row["prompt"] = with_row(row["prompt"], columns)
-    return inputs, rows
-
-
-def with_row(prompt: list | str, row: dict[str, Any]) -> MessagesOfRow | TextOfRow:
-    """`prompt` carrying its dataset row's other columns as `.row`: TRL hands `rollout_func` the prompts alone,
-    and the environments and rewards need the row. It survives TRL's deep copy and is an ordinary list of
-    messages (or string) everywhere else."""
-    carrier = TextOfRow(prompt) if isinstance(prompt, str) else MessagesOfRow(prompt)
-    carrier.row = row
-    return carrier

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentic_grpo.selection import selection_counts, selection_metrics
+from agentic_grpo.rollout_metrics import selection_counts, selection_metrics
 from agentic_grpo.trajectory import Trajectory
 
 

@@ -19,9 +19,8 @@ from tqdm.auto import tqdm
 from agentic_grpo.eval_breakdown import kind_breakdown
 from agentic_grpo.reward_setup import score_trajectories
 from agentic_grpo.rollout import RolloutStats
-from agentic_grpo.rollout_metrics import rollout_metrics
+from agentic_grpo.rollout_metrics import rollout_metrics, selection_counts, selection_metrics, tool_names_of
 from agentic_grpo.rollout_parts import RolloutParts
-from agentic_grpo.selection import selection_counts, selection_metrics, tool_names_of
 from agentic_grpo.trajectory import Trajectory, plain_columns
 
 

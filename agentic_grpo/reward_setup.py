@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from agentic_grpo.advantages import checking_values
 from agentic_grpo.plugins import PluginError, check_options, import_object
-from agentic_grpo.reward_values import checking_values
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def check_reward_columns(rewards: list[Callable], columns: list[str], where: str
 
 
 def guard_rewards(rewards: list[Callable], on_reward_error: str) -> list[Callable]:
-    """The rewards, each with its values checked (`agentic_grpo.reward_values`), as the recipe field
+    """The rewards, each with its values checked (`agentic_grpo.advantages`), as the recipe field
     `on_reward_error` wants them: raising for `raise`, each returning None for a batch it raises on (a bad value
     included) for `none`. Guarding twice changes nothing (the CLI and the trainer both call it)."""
     guarded = []

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentic_grpo.backends import GenerationBackend
-from agentic_grpo.environment import SANDBOX_GRACE_S, ToolEnvironment
+from agentic_grpo.environment import SANDBOX_GRACE_S, ToolEnvironment, encode_untrusted, truncate_tool_output
 from agentic_grpo.formats import FinalAnswer, Malformed, TrajectoryFormat
-from agentic_grpo.tool_output import encode_untrusted, truncate_tool_output
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
 
 logger = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ and the reward audit receive them.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,10 +66,11 @@ class RolloutParts:
     """Sub-agents the policy can call as tools (recipe field `subagents`: `agentic_grpo.subagents.SubAgent`),
     each with parts of its own."""
 
-    def make_environment(self) -> ToolEnvironment:
-        if self.environment_factory is not None:
-            return self.environment_factory()
-        return self.environment(**self.environment_kwargs)
+    @property
+    def environment_builder(self) -> Callable[[], ToolEnvironment]:
+        """What builds one environment per trajectory: the user's factory, or the recipe's class with its
+        arguments."""
+        return self.environment_factory or functools.partial(self.environment, **self.environment_kwargs)
 
     def sandbox_pool(self, rank: int = 0) -> Any:
         """A slot pool for this process (None when the environment runs no code)."""
@@ -80,7 +82,7 @@ class RolloutParts:
 
     def rollout_manager(self, tokenizer: Any, sandbox_pool: Any = None) -> RolloutManager:
         return RolloutManager(
-            self.make_environment, self.trajectory_format, tokenizer, self.limits, sandbox_pool, agents=self.agents
+            self.environment_builder, self.trajectory_format, tokenizer, self.limits, sandbox_pool, agents=self.agents
         )
 
     def all_agents(self) -> list[Any]:

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from agentic_grpo.reward_values import RewardValueError
+    from agentic_grpo.advantages import RewardValueError
 
     try:
         return run(prepared)
@@ -351,7 +351,7 @@ def add_up_reward_totals(rewards: list, processes: int) -> None:
 
     for func in rewards:
         sum_in_place(getattr(inspect.unwrap(func), "totals", None))  # an LLM judge's
-        sum_in_place(getattr(func, "value_counts", None))  # the checked values' (`reward_values.checking_values`)
+        sum_in_place(getattr(func, "value_counts", None))  # the checked values' (`advantages.checking_values`)
 
 
 def summary(output_dir: Path, rewards: list | None = None) -> str:

@@ -5,7 +5,7 @@ count for nothing), the KL term against the frozen reference, DeepSpeed/FSDP/PEF
 training step, in order:
 
 1. `_generate_and_score_completions` (TRL's, wrapped): each prompt carries its dataset row to `_rollout`
-   (`agentic_grpo.data.with_row`), and the policy samples with dropout off.
+   (`agentic_grpo.trajectory.with_row`), and the policy samples with dropout off.
 2. `_rollout` (TRL's public `rollout_func` seam): the rollout manager runs the turn loop (tools, sandbox) and
    returns prompt/completion ids, the loss mask (`env_mask`) and the `Trajectory` records.
 3. `_calculate_rewards` (TRL's, wrapped): the rewards score each trajectory; a missing reward (`None`) is
@@ -40,27 +40,29 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from agentic_grpo.advantages import assign_turn_credit
+from agentic_grpo.advantages import (
+    RewardValueError,
+    assign_turn_credit,
+    fill_missing_with_group_mean,
+    raw_reward_means,
+)
 from agentic_grpo.backends import GenerationBackend, TrainerBackend, dropout_off
 from agentic_grpo.canaries import ResumeCanary, check_sampler_agreement
 from agentic_grpo.checkpoints import AtomicCheckpoints
 from agentic_grpo.chunked_logps import ChunkedLogps, release_freed_memory
 from agentic_grpo.config import AgenticGRPOConfig
-from agentic_grpo.data import with_rows
 from agentic_grpo.epoch_order import ResumableOrder
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.kl_control import AdaptiveKLCallback, schedule_for
 from agentic_grpo.reward_setup import guard_rewards
-from agentic_grpo.reward_values import RewardValueError, fill_missing_with_group_mean, raw_reward_means
-from agentic_grpo.rollout_metrics import clipped_metrics, rollout_metrics
+from agentic_grpo.rollout_metrics import batch_selection_metrics, clipped_metrics, rollout_metrics
 from agentic_grpo.rollout_parts import RolloutParts
 from agentic_grpo.run_files import RunFilesCallback, log_trajectory_table, trajectory_records, wandb_reporting
 from agentic_grpo.run_parts import build_rollout_parts
-from agentic_grpo.selection import batch_selection_metrics
 from agentic_grpo.shrinking_batch import positions_from_mask
 from agentic_grpo.token_round_trip import check_token_round_trip
 from agentic_grpo.trainer_checks import check_setup
-from agentic_grpo.trajectory import Trajectory, masked_loss_mask
+from agentic_grpo.trajectory import Trajectory, masked_loss_mask, with_rows
 from agentic_grpo.trl_environment import tool_environment_factory, with_environment_reward
 from agentic_grpo.vllm_backend import VLLMBackend, engine_as_the_policy
 from agentic_grpo.vllm_server import install_server_generation, trl_without_weight_transfer

@@ -1,5 +1,7 @@
 """What one rollout is: a prompt, then alternating model and tool segments.
 
+The prompt a rollout starts from carries its dataset row (`with_row`): TRL hands `rollout_func` the prompts alone.
+
 Token ids are stored once, per segment; the completion ids and the loss mask that
 TRL trains on are derived from the segments, so they can never disagree.
 """
@@ -36,7 +38,7 @@ class ToolResult:
     truncated: bool = False
     seconds: float = 0.0
     exit_code: int | None = None
-    printed: str = ""  # what a pure tool's own code printed, bounded (`agentic_grpo.tool_output`); not shown
+    printed: str = ""  # what a pure tool's own code printed, bounded (`agentic_grpo.environment`); not shown
 
     @property
     def ok(self) -> bool:
@@ -222,3 +224,34 @@ def masked_loss_mask(trajectory: Trajectory, mask_truncated: bool) -> list[int]:
     """The trajectory's loss mask; all zeros when `mask_truncated` and a budget cut it."""
     mask = trajectory.loss_mask
     return [0] * len(mask) if mask_truncated and is_truncated(trajectory) else mask
+
+
+class MessagesOfRow(list):
+    """A conversational prompt that carries its dataset row (`with_row`)."""
+
+    row: dict[str, Any]
+
+
+class TextOfRow(str):
+    """A plain-text prompt that carries its dataset row (`with_row`)."""
+
+    row: dict[str, Any]
+
+
+def with_rows(inputs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Copies of a generation's rows, each `prompt` carrying the row's other columns (`with_row`), and those
+    columns."""
+    inputs = [dict(row) for row in inputs]
+    rows = [{k: v for k, v in row.items() if k != "prompt"} for row in inputs]
+    for row, columns in zip(inputs, rows, strict=True):
+        row["prompt"] = with_row(row["prompt"], columns)
+    return inputs, rows
+
+
+def with_row(prompt: list | str, row: dict[str, Any]) -> MessagesOfRow | TextOfRow:
+    """`prompt` carrying its dataset row's other columns as `.row`: TRL hands `rollout_func` the prompts alone,
+    and the environments and rewards need the row. It survives TRL's deep copy and is an ordinary list of
+    messages (or string) everywhere else."""
+    carrier = TextOfRow(prompt) if isinstance(prompt, str) else MessagesOfRow(prompt)
+    carrier.row = row
+    return carrier

@@ -3,7 +3,7 @@ recipes.
 
 With eight tools, a small model rarely reaches a right answer by a wrong route, so correctness alone says
 little about which choice was wrong. `ToolChoice` pays the choice itself, by the rule of the metric
-`tools/selection_accuracy` (`agentic_grpo.selection`): the trajectory called tools and every call named one the
+`tools/selection_accuracy` (`agentic_grpo.rollout_metrics`): the trajectory called tools and every call named one the
 row's `expected_tools` column lists. It pays nothing for the answer; recipes weigh it below `Correctness`.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentic_grpo.selection import EXPECTED_TOOLS_COLUMN, expected_tools
+from agentic_grpo.rollout_metrics import EXPECTED_TOOLS_COLUMN, expected_tools
 from agentic_grpo.trajectory import Trajectory
 
 

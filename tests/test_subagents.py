@@ -229,5 +229,5 @@ def test_the_documented_example_turns_a_users_environment_into_a_subagent(tmp_pa
         "calculator"
     }
     assert agent.adapter == "weather" and agent.parts.limits.max_turns == 4
-    weather = agent.parts.make_environment()
+    weather = agent.parts.environment_builder()
     assert set(weather.tools()) == {"forecast"} and "forecast" in agent.parts.trajectory_format.system_prompt()

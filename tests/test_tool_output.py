@@ -6,8 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from agentic_grpo.environment import ToolEnvironment
-from agentic_grpo.tool_output import PRINTED_LIMIT
+from agentic_grpo.environment import PRINTED_LIMIT, ToolEnvironment
 from agentic_grpo.trajectory import ToolCall
 
 

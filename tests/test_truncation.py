@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentic_grpo.tool_output import encode_untrusted, truncate_tool_output
+from agentic_grpo.environment import encode_untrusted, truncate_tool_output
 
 
 def test_short_output_is_untouched(tokenizer):

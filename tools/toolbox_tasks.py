@@ -1,7 +1,7 @@
 """Tasks for the toolbox, each with the tool that should answer it (`expected_tools`) and a strict answer.
 
 Rows are `{question, answer, expected_tools, kind}`. `expected_tools` is the documented row column the
-trainer's selection metrics read (`agentic_grpo.selection`); a routing recipe maps each kind to the
+trainer's selection metrics read (`agentic_grpo.rollout_metrics`); a routing recipe maps each kind to the
 sub-agent that should take it (`expected: {units: ask_units, ...}`). Answers are plain numbers or short
 strings, computed by the same functions the tools use.
 

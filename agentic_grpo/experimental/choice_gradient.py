@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from agentic_grpo.formats import ActionChoices
-from agentic_grpo.selection import expected_tools
+from agentic_grpo.rollout_metrics import expected_tools
 from agentic_grpo.trajectory import Trajectory
 
 CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT = (

@@ -9,7 +9,7 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
 - Reward: shared. A child's reward is the weighted reward of the root trajectory it served, plus its role's
   own rewards when the sub-agent's entry names some (`rewards:`, scoring the child on its sub-task row). A role
   reward that gives None for a child counts as that reward's mean over the child's group, as a policy reward's
-  None does (`agentic_grpo.reward_values`).
+  None does (`agentic_grpo.advantages`).
 - Groups: a role's group is every call it answered under the G samples of one query (a parent that called
   it twice gives two samples). Advantage = (reward - group mean) / (group std + 1e-4), with TRL's
   `scale_rewards` (`group`, `batch`: std over all the role's samples, `none`: no division). A group of one
@@ -157,7 +157,7 @@ def assign_advantages(
     for role, group, _, scores, _ in everything:
         own[role, group].append(scores)
     # A role's reward that gave None counts as that reward's mean over the group, as the policy's missing rewards
-    # do (`agentic_grpo.reward_values`); missing throughout the group, it counts as 0 for every member.
+    # do (`agentic_grpo.advantages`); missing throughout the group, it counts as 0 for every member.
     fill = {key: [_nanmean(column) for column in zip(*rows, strict=True)] for key, rows in own.items()}
 
     def total(role: str, group: int, reward: float, scores: tuple[float, ...]) -> float:

@@ -19,8 +19,8 @@ import asyncio
 import os
 from typing import TYPE_CHECKING, Any
 
+from agentic_grpo.environment import encode_untrusted, truncate_tool_output
 from agentic_grpo.formats import FinalAnswer, Malformed
-from agentic_grpo.tool_output import encode_untrusted, truncate_tool_output
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
 
 if TYPE_CHECKING:
