@@ -15,6 +15,9 @@ def main(argv: list[str] | None = None) -> int:
         from agentic_grpo.train import main as train_main
 
         return train_main(argv[1:], prog="agentic-grpo train")
+    if argv[:1] == ["bench"] and len(argv) > 1 and not argv[1].startswith("-"):
+        # Verbatim: argparse would drop a `--` right after the name (`bench trace -- --seed 1`).
+        return _bench(argparse.Namespace(name=argv[1], args=argv[2:]))
     parser = argparse.ArgumentParser(
         prog="agentic-grpo",
         description="Train LLM agents with GRPO on multi-turn tool-use trajectories.",

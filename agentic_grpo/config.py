@@ -84,7 +84,8 @@ class AgenticGRPOConfig(GRPOConfig):
         "agentic_grpo.tools.calculator:Calculator",
         "Tool environment class by import path (`module:Class`), one instance per trajectory; or MCP servers' "
         "tools: `{mcp: {command: [...]} or {url: ...} or a list of servers, class: module:Class (optional Python "
-        "tools beside them)}`, a session per trajectory (docs/mcp.md).",
+        "tools beside them)}`, a session per trajectory (docs/mcp.md); or `{rows: {name: environment, ...}}`, each "
+        "row's `environment` column naming its own (docs/trl_environments.md).",
     )  # fmt: skip
     environment_kwargs: dict | str | None = _field(None, "Keyword arguments for the environment class's constructor.")
     format: str = _field(

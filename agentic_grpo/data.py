@@ -246,6 +246,23 @@ def check_columns(dataset: Dataset, required: list[str], where: str) -> None:
         raise ValueError(f"{where} is empty")
 
 
-def add_prompts(dataset: Dataset, trajectory_format: Any) -> Dataset:
-    """Add the conversational `prompt` column TRL expects, as the format opens a trajectory."""
-    return dataset.map(lambda row: {"prompt": trajectory_format.prompt_messages(str(row["question"]))})
+def add_prompts(dataset: Dataset, trajectory_format: Any, environment: Any = None) -> Dataset:
+    """Add the conversational `prompt` column TRL expects, as the format opens a trajectory (`row_prompt`)."""
+    return dataset.map(lambda row: {"prompt": row_prompt(trajectory_format, row, environment)})
+
+
+def row_prompt(trajectory_format: Any, row: dict[str, Any], environment: Any = None) -> list[dict[str, str]]:
+    """The messages a trajectory on `row` opens with. Where rows choose among several environments (`environment`
+    an `agentic_grpo.trl_environment.EnvironmentOfRow` class), the system prompt describes the tools of the one
+    the row names, as TRL shows each example its own environment's tools."""
+    from agentic_grpo.trl_environment import ENVIRONMENT_COLUMN
+
+    messages = trajectory_format.prompt_messages(str(row["question"]))
+    classes = getattr(environment, "classes", None)
+    if classes is None:
+        return messages
+    name = row.get(ENVIRONMENT_COLUMN)
+    if name not in classes:
+        raise ValueError(f"a row's `{ENVIRONMENT_COLUMN}` is {name!r}; the environments are {sorted(classes)}")
+    own = trajectory_format.system_prompt(classes[name].tool_schemas())
+    return [{**m, "content": own} if m["role"] == "system" else m for m in messages]

@@ -16,6 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from agentic_grpo.data import row_prompt
 from agentic_grpo.eval_breakdown import kind_breakdown
 from agentic_grpo.reward_setup import score_trajectories
 from agentic_grpo.rollout import RolloutStats
@@ -126,7 +127,7 @@ def evaluate(
     try:
         for start in tqdm(range(0, len(repeated), batch_size), desc="eval", disable=not progress):
             chunk = repeated[start : start + batch_size]
-            prompts = [trajectory_format.prompt_messages(str(r["question"])) for r in chunk]
+            prompts = [row_prompt(trajectory_format, r, parts.environment) for r in chunk]
             done, chunk_stats = manager.rollout(prompts, chunk, backend)
             trajectories.extend(done)
             stats.generation_seconds += chunk_stats.generation_seconds

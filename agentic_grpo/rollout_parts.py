@@ -17,7 +17,7 @@ from agentic_grpo.environment import ToolEnvironment
 from agentic_grpo.formats import TrajectoryFormat
 from agentic_grpo.plugins import PluginError, import_object
 from agentic_grpo.rollout import RolloutLimits, RolloutManager
-from agentic_grpo.trl_environment import as_tool_environment, is_trl_environment
+from agentic_grpo.trl_environment import as_tool_environment, environment_per_row, is_trl_environment
 
 
 def load_environment(path: str | dict | type, allow_no_tools: bool = False) -> type[ToolEnvironment]:
@@ -25,6 +25,8 @@ def load_environment(path: str | dict | type, allow_no_tools: bool = False) -> t
     schemas; one without tools only when `allow_no_tools` (an agent whose tools are sub-agents, or none). A class
     written for TRL's `environment_factory` comes back wrapped (`agentic_grpo.trl_environment`); a mapping names
     MCP servers (`{mcp: ..., class: ...}`), whose tools join the class's, if any (`agentic_grpo.mcp_environment`)."""
+    if isinstance(path, dict) and ROWS_KEY in path:
+        return environments_of_rows(path)
     if isinstance(path, dict):
         from agentic_grpo.mcp_environment import environment_parts, with_mcp_servers
 
@@ -48,6 +50,26 @@ def load_environment(path: str | dict | type, allow_no_tools: bool = False) -> t
     except TypeError as exc:  # names the tool and the fix: one line, not transformers' chained traceback
         raise PluginError(str(exc)) from None
     return cls
+
+
+ROWS_KEY = "rows"
+"""`environment: {rows: {name: environment, ...}}`: each row's `environment` column names its environment."""
+
+
+def environments_of_rows(value: dict[str, Any]) -> type[ToolEnvironment]:
+    """The environment class of `environment: {rows: {name: environment}}` (each an import path or an MCP mapping):
+    every trajectory runs the one its row names (`agentic_grpo.trl_environment.environment_per_row`)."""
+    named = value[ROWS_KEY]
+    if set(value) != {ROWS_KEY} or not isinstance(named, dict) or not named:
+        raise PluginError(
+            f"recipe field `environment`: `{ROWS_KEY}` maps each name a row's `environment` column may hold to an "
+            "environment (an import path, or an MCP mapping), and stands alone"
+        )
+    classes = {str(name): load_environment(spec) for name, spec in named.items()}
+    try:
+        return environment_per_row(classes).environment_class
+    except ValueError as exc:
+        raise PluginError(f"recipe field `environment`: {exc}") from None
 
 
 @dataclass

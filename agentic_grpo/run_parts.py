@@ -77,15 +77,16 @@ def build_recipe(argv: list[str], load_data: bool = True, reward_specs: list[dic
     return built
 
 
-def build_rollout_parts(config: Any, tools_required: bool = True) -> RolloutParts:
+def build_rollout_parts(config: Any, tools_required: bool = True, environment: type | None = None) -> RolloutParts:
     """The rollout side of a recipe's `AgenticGRPOConfig` (sub-agents included); raises ValueError naming what is
-    wrong. `tools_required=False` for a sub-agent, which may be a model that only answers."""
+    wrong. `tools_required=False` for a sub-agent, which may be a model that only answers; `environment`: a class
+    instead of the recipe's (the trainer's `environment_factory`)."""
     agents: list[Any] = []
     if getattr(config, "subagents", None):  # the sub-agent package loads only for a recipe that has sub-agents
         from agentic_grpo.subagents.spec import build_subagents
 
         agents = build_subagents(config.subagents, config, build_rollout_parts)
-    environment = load_environment(config.environment, allow_no_tools=True)
+    environment = load_environment(environment or config.environment, allow_no_tools=True)
     kwargs = dict(config.environment_kwargs or {})
     check_options(getattr(environment, "wrapped", environment), kwargs,
                   f"environment `{config.environment}` (recipe field `environment_kwargs`)")  # fmt: skip

@@ -136,8 +136,8 @@ def prepare(argv: list[str]) -> PreparedRun:
     check_scaling(config)
     # Last: with `overwrite_output_dir` it deletes the earlier run, so every other check comes first.
     check_output_dir(config)
-    train = add_prompts(train, parts.trajectory_format)
-    test = add_prompts(test, parts.trajectory_format) if test is not None else None
+    train = add_prompts(train, parts.trajectory_format, parts.environment)
+    test = add_prompts(test, parts.trajectory_format, parts.environment) if test is not None else None
     return PreparedRun(
         config, model_path, parts, rewards, train, test, peft_config, quantization, argv, built.recipe.dataset
     )

@@ -87,7 +87,8 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         rollout_parts: the recipe's environment, format, budgets and sandbox, built once
             (`agentic_grpo.run_parts.build_rollout_parts`); default: built from `args`.
         environment_factory: builds one tool environment per trajectory, instead of the parts' environment: a
-            `ToolEnvironment`, or an environment written for TRL's `environment_factory` (`reset(**kwargs)`).
+            `ToolEnvironment`, or an environment written for TRL's `environment_factory` (`reset(**kwargs)`), or,
+            as TRL's, a mapping `{name: factory}` whose names each row's `environment` column chooses among.
         trajectory_format: instead of the parts' format.
         generation_backend: default: HF `generate` on the policy.
         setup_checked: `agentic_grpo.trainer_checks.check_setup` already ran on these arguments (as
@@ -102,16 +103,17 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         args: AgenticGRPOConfig,
         train_dataset: Any,
         rollout_parts: RolloutParts | None = None,
-        environment_factory: Callable[[], Any] | None = None,
+        environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None,
         trajectory_format: TrajectoryFormat | None = None,
         generation_backend: GenerationBackend | None = None,
         setup_checked: bool = False,
         **kwargs: Any,
     ) -> None:
-        parts = rollout_parts or build_rollout_parts(args)
-        if environment_factory is not None:  # a factory of either contract (`agentic_grpo.trl_environment`)
+        if environment_factory is not None:  # either contract, or a mapping of them (`agentic_grpo.trl_environment`)
             environment_factory = tool_environment_factory(environment_factory)
-        environment_class = getattr(environment_factory, "environment_class", parts.environment)
+        factory_class = getattr(environment_factory, "environment_class", None)
+        parts = rollout_parts or build_rollout_parts(args, environment=factory_class)
+        environment_class = factory_class or parts.environment
         reward_funcs = with_environment_reward(environment_class, reward_funcs, args)
         lora = kwargs.get("peft_config") is not None or hasattr(model, "peft_config")
         if environment_factory is not None or trajectory_format is not None:

@@ -35,6 +35,17 @@ def test_show_and_bench_refuse_what_does_not_exist(tmp_path, capsys):
     assert "known:" in capsys.readouterr().err
 
 
+def test_bench_hands_its_arguments_over_verbatim(monkeypatch):
+    """A `--` right after the name reaches the benchmark (`bench trace -- --seed 1`: recipe fields after it). The
+    benchmark is not started (a trace takes minutes): the command it would be started with is recorded."""
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda command: calls.append(command) or 0)
+    assert main(["bench", "trace", "--", "--model_name_or_path", "tiny-random-llama"]) == 0
+    assert calls[0][-3:] == ["--", "--model_name_or_path", "tiny-random-llama"]
+
+
 def test_eval_reports_accuracy_and_tool_use_on_a_model(tiny_model_dir, tmp_path, capsys):
     report = tmp_path / "eval.json"
     code = main(

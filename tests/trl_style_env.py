@@ -58,3 +58,23 @@ class SilentEnv:
         """
         self.calls += 1
         return text
+
+
+class GuessEnv:
+    """Guess the row's target; owns its reward, as the counter does."""
+
+    def reset(self, **kwargs):
+        self.target, self.guessed = int(kwargs["target"]), None
+
+    def guess(self, number: int) -> str:
+        """
+        Guess the number.
+
+        Args:
+            number: The guess.
+        """
+        self.guessed = number
+        return "right" if number == self.target else "wrong"
+
+    def get_reward(self) -> float:
+        return 0.5 if self.guessed == self.target else 0.0

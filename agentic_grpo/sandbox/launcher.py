@@ -19,10 +19,14 @@ import os
 import resource
 import signal
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
 import landlock  # noqa: E402 - the sibling modules, loaded as top-level ones (no package, no site)
 import seccomp  # noqa: E402
+
+REAP_LIMIT_S = 10.0
+"""How long the clean-up waits for killed processes to exit (the trainer waits a little longer for it)."""
 
 _RLIMITS = {
     "as": resource.RLIMIT_AS,
@@ -89,12 +93,15 @@ def _reap_all(children_fd: int | None, group: int) -> None:
     """Kill every descendant: killing a child re-parents its own children to us, so loop until none is left.
 
     First the code's process group (its session leader's), which needs no file descriptor; then
-    whatever left that group, found in our children list. Never raises.
+    whatever left that group, found in our children list. A killed child's children become ours only once it
+    has freed its memory, which takes a while for a large address space, so the loop ends when no child is
+    left (or after `REAP_LIMIT_S`), never after a number of rounds. Never raises.
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _kill_group(group)
-    for _ in range(10000):
+    deadline = time.monotonic() + REAP_LIMIT_S
+    while True:
         try:
             children = _children(children_fd)
         except (OSError, ValueError) as exc:
@@ -111,13 +118,11 @@ def _reap_all(children_fd: int | None, group: int) -> None:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
         except ChildProcessError:
-            if not children:
-                return
-        if not children:
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                return
+            return  # no child at all, alive or dead
+        if time.monotonic() > deadline:
+            os.write(2, f"sandbox: {len(children)} killed processes still exiting after {REAP_LIMIT_S} s\n".encode())
+            return
+        time.sleep(0.002)  # the killed children are freeing their memory
 
 
 def _child(spec: dict) -> None:

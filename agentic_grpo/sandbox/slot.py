@@ -30,7 +30,9 @@ from .workspace import release_workspace
 logger = logging.getLogger(__name__)
 
 _ARG_MAX_CODE = 100_000  # longer code goes through a file: one argv string may not exceed 128 KiB
-_KILL_GRACE_S = 2.0
+# The launcher's clean-up waits up to its REAP_LIMIT_S (10 s) for killed processes to exit; a launcher that has
+# not finished a little after that is killed, and the slot swept.
+_KILL_GRACE_S = 12.0
 
 
 def private_dir() -> Path:

@@ -42,7 +42,7 @@ from .kernel import (
     namespaces_and_uring,
     vsock_port_space,
 )
-from .lifetime import ignored_signals, pdeathsig_cleared, self_kill_status, workspace_open_to_others
+from .lifetime import heavy_children, ignored_signals, pdeathsig_cleared, self_kill_status, workspace_open_to_others
 from .limits import big_code, host_wide_resources, kernel_buffer_memory
 from .python import trainer_environment
 from .resources import (
@@ -265,6 +265,7 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         host_proc_files,
         stat_outside,
         pdeathsig_cleared,
+        heavy_children,
         self_kill_status,
         ignored_signals,
         workspace_open_to_others,

@@ -89,6 +89,43 @@ def ignored_signals(ctx: Context, slot: SandboxSlot) -> AttackResult:
     return AttackResult("ignored_signals", not inherited, f"ignored or blocked in the slot: {inherited or 'none'}")
 
 
+_HEAVY_CHILDREN = """
+import os, time
+# {marker}
+for _ in range({children}):
+    if os.fork() == 0:
+        os.setsid()  # out of the code's process group: only the launcher's list of its children finds it
+        if os.fork() == 0:  # a light grandchild, re-parented to the launcher only once its parent has died
+            os.setsid()
+            while True:
+                with open("heartbeat", "a") as f:
+                    f.write(".")
+                time.sleep(0.05)
+        hold = b"x" * ({megabytes} << 20)  # an address space the kernel takes a while to free
+        while True:
+            time.sleep(1)
+print("started", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def heavy_children(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Children that each hold most of the address space allowed, each with a light grandchild in a session of
+    its own, then run past the deadline: a killed child frees its memory before its own children are re-parented
+    to the launcher, so a clean-up that gives up after a number of rounds, not once nothing is left, returns
+    while grandchildren run on."""
+    marker = f"agentic-grpo-attack-{secrets.token_hex(8)}"
+    megabytes = max(64, min(slot.pool.config.memory_mb - 160, 800))
+    code = _HEAVY_CHILDREN.format(marker=marker, children=4, megabytes=megabytes)
+    result = run_code(slot, code, timeout=3.0)
+    beating = still_growing(slot.workspace / "heartbeat")
+    survivors = _kill_marked(marker)
+    blocked = result.timed_out and not beating and not survivors
+    detail = f"timed_out={result.timed_out} beating={beating} survivors={len(survivors)} ({megabytes} MB children)"
+    return AttackResult("heavy_children", blocked, detail)
+
+
 def _kill_marked(marker: str) -> list[int]:
     """SIGKILL every host process whose command line carries `marker`; their pids."""
     found = []
