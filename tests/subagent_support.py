@@ -9,11 +9,16 @@ trajectory, as in every format.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from peft import LoraConfig
 
 from agentic_grpo import ToolEnvironment
 from agentic_grpo.formats import FinalAnswer
 from agentic_grpo.trajectory import ToolCall, ToolResult
+from tests.helpers import build_trainer
+from tests.varied_rewards import distinct_characters
 
 
 class CallingFormat:
@@ -86,3 +91,29 @@ class BrokenReset(ToolEnvironment):
     def noop(self) -> str:
         """Do nothing."""
         return ""
+
+
+# --- a co-training trainer (tests/test_cotraining.py, tests/test_canaries.py) ---
+
+LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+
+
+def helper(**extra) -> dict:
+    return {"name": "helper", "description": "Answers a sub-task.", "adapter": "helper", "max_turns": 1,
+            "format": "tests.subagent_support:CallingFormat", "format_kwargs": {"tool": None},
+            "max_tokens_per_turn": 8, "train": True, **extra}  # fmt: skip
+
+
+def make_trainer(model_dir: str, out: Path, subagent: dict, **overrides) -> Any:
+    """A trainer whose policy calls `subagent` at every turn, on 8 rows, with LoRA (`LORA`)."""
+    settings = dict(
+        environment="agentic_grpo.environment:ToolEnvironment", subagents=[subagent],
+        format="tests.subagent_support:CallingFormat", format_kwargs={"tool": "helper"}, max_turns=2,
+        max_tokens_per_turn=8, max_completion_length=96, max_steps=2, learning_rate=1e-2, beta=0.04, temperature=1.0,
+        save_trajectories_steps=1, logging_steps=1,
+    )  # fmt: skip
+    settings.update(overrides)
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} * 7?"}], "question": f"What is {a} * 7?"}
+            for a in range(100, 108)]  # fmt: skip
+    return build_trainer(model_dir, out, [distinct_characters], rows, peft_config=LORA, stepped_by_hand=False,
+                         **settings)  # fmt: skip

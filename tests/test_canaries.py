@@ -18,7 +18,6 @@ from peft import LoraConfig
 from agentic_grpo import trainer as trainer_module
 from agentic_grpo.canaries import CanaryError
 from tests.helpers import build_trainer
-from tests.test_positions import gpt2_dir  # noqa: F401 - the fixture
 
 # A random adapter (not PEFT's zero B), scaled up: its dropout changes the output from the first step.
 LORA = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], lora_dropout=0.3, init_lora_weights=False)
@@ -114,7 +113,7 @@ def test_the_check_stops_a_real_training_run_and_can_be_turned_off(tiny_model_di
 def test_a_cotrained_subagent_sampled_at_its_own_temperature_is_named(tiny_model_dir, tmp_path):
     """#44 item 5 planted: a trained sub-agent sampled at 0.3 while its role loss scores at the run's 1.0 (the
     start-up refusal of its own `temperature` bypassed)."""
-    from tests.test_cotraining import helper, make_trainer
+    from tests.subagent_support import helper, make_trainer
 
     trainer = make_trainer(tiny_model_dir, tmp_path, helper())
     with torch.no_grad():

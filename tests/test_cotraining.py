@@ -15,36 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import LoraConfig
 from trl import GRPOTrainer
 
 from agentic_grpo.plugins import PluginError
 from agentic_grpo.subagents.cotrain import ChildSample, adapter_of, assign_advantages
-from agentic_grpo.trainer import AgenticGRPOTrainer
-from tests.helpers import build_trainer
-from tests.varied_rewards import distinct_characters
-
-LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-
-
-def helper(**extra) -> dict:
-    return {"name": "helper", "description": "Answers a sub-task.", "adapter": "helper", "max_turns": 1,
-            "format": "tests.subagent_support:CallingFormat", "format_kwargs": {"tool": None},
-            "max_tokens_per_turn": 8, "train": True, **extra}  # fmt: skip
-
-
-def make_trainer(model_dir: str, out: Path, subagent: dict, **overrides) -> AgenticGRPOTrainer:
-    settings = dict(
-        environment="agentic_grpo.environment:ToolEnvironment", subagents=[subagent],
-        format="tests.subagent_support:CallingFormat", format_kwargs={"tool": "helper"}, max_turns=2,
-        max_tokens_per_turn=8, max_completion_length=96, max_steps=2, learning_rate=1e-2, beta=0.04, temperature=1.0,
-        save_trajectories_steps=1, logging_steps=1,
-    )  # fmt: skip
-    settings.update(overrides)
-    rows = [{"prompt": [{"role": "user", "content": f"What is {a} * 7?"}], "question": f"What is {a} * 7?"}
-            for a in range(100, 108)]  # fmt: skip
-    return build_trainer(model_dir, out, [distinct_characters], rows, peft_config=LORA, stepped_by_hand=False,
-                         **settings)  # fmt: skip
+from tests.subagent_support import helper, make_trainer
 
 
 def owners(model) -> dict[str, str]:

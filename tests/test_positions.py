@@ -16,23 +16,6 @@ from tests.scripted import case_prompt
 
 
 @pytest.fixture(scope="module")
-def gpt2_dir(tiny_model_dir, tmp_path_factory):
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=512, n_embd=32, n_layer=2, n_head=2,
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    target = tmp_path_factory.mktemp("gpt2")
-    GPT2LMHeadModel(config).save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return str(target)
-
-
-@pytest.fixture(scope="module")
 def trainer(gpt2_dir, tmp_path_factory):
     rows = [{"prompt": case_prompt("a"), "question": "a", "answer": "1"}] * 4
     built = build_trainer(gpt2_dir, tmp_path_factory.mktemp("out"), [lambda trajectory, **_: [0.0] * len(trajectory)],
