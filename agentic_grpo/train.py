@@ -191,6 +191,7 @@ def run(prepared: PreparedRun) -> int:
             held_out["after"] = held_out_accuracy(trainer, rewards, rows)
             (Path(config.output_dir) / "held_out.json").write_text(json.dumps(held_out, indent=2))
     except BaseException as exc:
+        close_progress_bars(trainer)  # what is printed about the failure comes after the bar's last line
         if main_process:
             write_run_status(config.output_dir, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -307,24 +308,43 @@ def check_scaling(config: Any) -> None:
         os.environ.setdefault("WANDB_DIR", str(Path(config.output_dir).resolve()))
 
 
+def close_progress_bars(trainer: Any) -> None:
+    """Close the Trainer's progress bars (a failed step leaves them open, to print their last line at exit)."""
+    for callback in trainer.callback_handler.callbacks:
+        for name in ("training_bar", "prediction_bar"):
+            bar = getattr(callback, name, None)
+            if bar is not None:
+                bar.close()
+                setattr(callback, name, None)
+
+
 def check_output_dir(config: Any) -> None:
-    """Never mix two runs in one `output_dir`: refuse, resume, or (when asked) start over."""
+    """Never mix two runs in one `output_dir`: refuse, resume, or (when asked) start over. Every process reads what
+    is there before any process writes (a barrier), so all refuse together, each in one line; the main process
+    alone writes."""
     from agentic_grpo.run_files import clear_previous_run, previous_run, trim_metrics_after
 
-    if not is_main_process():  # one process decides (and alone writes); the others could see its new files
-        return
     found = previous_run(config.output_dir)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
     if found is None:
         return
-    if config.resume_from_checkpoint:
+    writes = is_main_process()
+    if config.resume_from_checkpoint and writes:
         step = json.loads((Path(config.resume_from_checkpoint) / "trainer_state.json").read_text())["global_step"]
         dropped = trim_metrics_after(config.output_dir, step)
         print(f"Resuming the run in {config.output_dir} from step {step}"
               + (f" (dropped {dropped} metrics lines logged after it)" if dropped else ""), flush=True)  # fmt: skip
         return
+    if config.resume_from_checkpoint:
+        return
     if config.overwrite_output_dir:
-        print(f"Overwriting the earlier run in {config.output_dir} ({found}).", flush=True)
-        clear_previous_run(config.output_dir)
+        if writes:
+            print(f"Overwriting the earlier run in {config.output_dir} ({found}).", flush=True)
+            clear_previous_run(config.output_dir)
         return
     raise ValueError(
         f"output_dir `{config.output_dir}` already holds a run ({found}). Continue it with "
