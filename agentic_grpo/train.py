@@ -322,24 +322,22 @@ def check_output_dir(config: Any) -> None:
     """Never mix two runs in one `output_dir`: refuse, resume, or (when asked) start over. Every process reads what
     is there before any process writes (a barrier), so all refuse together, each in one line; the main process
     alone writes."""
+    import torch.distributed as dist
+
     from agentic_grpo.run_files import clear_previous_run, previous_run, trim_metrics_after
 
     found = previous_run(config.output_dir)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
     if found is None:
         return
     writes = is_main_process()
-    if config.resume_from_checkpoint and writes:
-        step = json.loads((Path(config.resume_from_checkpoint) / "trainer_state.json").read_text())["global_step"]
-        dropped = trim_metrics_after(config.output_dir, step)
-        print(f"Resuming the run in {config.output_dir} from step {step}"
-              + (f" (dropped {dropped} metrics lines logged after it)" if dropped else ""), flush=True)  # fmt: skip
-        return
     if config.resume_from_checkpoint:
+        if writes:
+            step = json.loads((Path(config.resume_from_checkpoint) / "trainer_state.json").read_text())["global_step"]
+            dropped = trim_metrics_after(config.output_dir, step)
+            print(f"Resuming the run in {config.output_dir} from step {step}"
+                  + (f" (dropped {dropped} metrics lines logged after it)" if dropped else ""), flush=True)  # fmt: skip
         return
     if config.overwrite_output_dir:
         if writes:
