@@ -28,7 +28,7 @@ from tests.helpers import ROOT, run_process, run_python
 NAMES = list(ATTACKS)
 # What an unprivileged trainer cannot bound (no cgroup delegated to it, no tmpfs mount): the
 # pool's report says NOT bounded, and the attacks must report exactly these as documented gaps.
-NONROOT_GAPS = {"disk_quota", "cpu_share"}
+NONROOT_GAPS = {"disk_quota", "cpu_share", "disk_bandwidth"}
 # What Landlock does not mediate on any user: `stat` of host paths (the report says so).
 LANDLOCK_GAPS = {"stat_outside"}
 
@@ -89,7 +89,7 @@ def test_checks_detect_harm_without_isolation():
                    "memfd_memory", "disk_quota", "cpu_share", "other_process_priority", "xattr_carryover",
                    "metadata_outside", "ptrace_init", "kernel_buffer_memory", "host_uevents",
                    "inotify_shared_files", "trainer_environment", "lock_side_channel", "host_proc_files",
-                   "stat_outside"]  # fmt: skip
+                   "stat_outside", "disk_bandwidth", "page_cache_probe"]  # fmt: skip
         if _vsock_available():
             harmful.append("vsock_port_space")
         results = {name: run_attack(name, ctx) for name in harmful}
@@ -97,7 +97,7 @@ def test_checks_detect_harm_without_isolation():
             n: r.detail for n, r in results.items()
         }
         # Unbounded resources on a pool that says so are documented gaps, not silent passes.
-        assert {n for n, r in results.items() if r.gap} == {"disk_quota", "cpu_share"}
+        assert {n for n, r in results.items() if r.gap} == {"disk_quota", "cpu_share", "disk_bandwidth"}
         # ...while the limits, tree-killing and cleanup the host side provides still hold.
         for name in ("setsid_grandchild_timeout", "output_flood", "deep_tree_cleanup", "readonly_tree_cleanup"):
             assert run_attack(name, ctx).blocked, name
@@ -219,7 +219,7 @@ def test_attack_suite_as_unprivileged_user():
     assert {name for mode, name in gaps if mode == "bwrap"} <= NONROOT_GAPS
     assert {name for mode, name in gaps if mode == "landlock"} <= NONROOT_GAPS | LANDLOCK_GAPS
     for mode in out:
-        assert "NOT bounded" in out[mode]["bounds"]["disk"] and "NOT bounded" in out[mode]["bounds"]["cpu"]
+        assert all("NOT bounded" in out[mode]["bounds"][k] for k in ("disk", "cpu", "disk I/O"))
         assert "memfd_create refused" in out[mode]["bounds"]["memory"]
     assert {a["name"] for a in out["bwrap"]["attacks"]} == set(NAMES)
     assert {a["name"] for a in out["landlock"]["attacks"]} == set(NAMES)

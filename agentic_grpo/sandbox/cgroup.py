@@ -1,8 +1,8 @@
-"""Per-slot cgroups: memory (including memfd, tmpfs and shared-memory pages), processes and CPU.
+"""Per-slot cgroups: memory (including memfd, tmpfs and shared-memory pages), processes, CPU and disk I/O.
 
 Each slot gets its own group under the trainer's own cgroup: cgroup v2 where the host
 delegates one with the memory and pids controllers enabled for children, else the v1
-memory/pids/cpu hierarchies when they are writable (root on a hybrid host). A command
+memory/pids/cpu/blkio hierarchies when they are writable (root on a hybrid host). A command
 joins its slot's group before anything of it runs: a `/bin/sh` wrapper writes its own pid
 to the group's `cgroup.procs` files and then execs the layer's command line, so every
 process the code starts is counted. When no hierarchy is writable, `detect` says why and
@@ -22,7 +22,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-CONTROLLERS = ("memory", "pids", "cpu")
+CONTROLLERS = ("memory", "pids", "cpu", "io")
+_V1_NAMES = {"blkio": "io"}  # v1 calls the I/O controller blkio
 # "0" written to a v1 `tasks` file moves the writing thread only (the shell is single-threaded, so
 # the whole process) without the global threadgroup lock, whose RCU grace period (~8 ms on a busy
 # host) a `cgroup.procs` write pays; v2 has no such file, and gets the pid in cgroup.procs.
@@ -37,6 +38,8 @@ class CgroupLimits:
     memory_bytes: int
     pids: int
     cpu_cores: float
+    io_bytes_per_s: int = 0
+    io_ops_per_s: int = 0
 
 
 def _mounts() -> tuple[str | None, dict[str, str]]:
@@ -52,6 +55,7 @@ def _mounts() -> tuple[str | None, dict[str, str]]:
                 v2 = fields[4]
             elif rest[0] == "cgroup":
                 for option in rest[2].split(","):
+                    option = _V1_NAMES.get(option, option)
                     if option in CONTROLLERS and option not in v1:
                         v1[option] = fields[4]
     return v2, v1
@@ -64,7 +68,7 @@ def _own_paths() -> dict[str, str]:
         for line in f:
             _, names, path = line.rstrip("\n").split(":", 2)
             for name in names.split(",") if names else [""]:
-                paths[name] = path
+                paths[_V1_NAMES.get(name, name)] = path
     return paths
 
 
@@ -81,7 +85,7 @@ class SlotCgroup:
         self.controllers = controllers
 
     def has(self, controller: str) -> bool:
-        """Whether this group bounds `controller` (memory, pids or cpu)."""
+        """Whether this group bounds `controller` (memory, pids, cpu or io)."""
         return controller in self.controllers
 
     def wrap(self, argv: list[str]) -> list[str]:
@@ -140,7 +144,7 @@ class CgroupSet:
 
     Attributes:
         version: 2, 1 or None (no writable hierarchy; `reason` says why).
-        bounded: which of memory, pids, cpu the slot groups bound.
+        bounded: which of memory, pids, cpu, io the slot groups bound (io only on a host with disks).
     """
 
     def __init__(self, version: int | None, parents: dict[str, Path], reason: str = "") -> None:
@@ -153,6 +157,34 @@ class CgroupSet:
         self.bounded = sorted(parents) if version == 1 else (list(CONTROLLERS) if version == 2 else [])
         if version == 2:
             self.bounded = [c for c in CONTROLLERS if c in _read(parents["unified"] / "cgroup.subtree_control")]
+        self.disks = self._disks_taking_limits() if "io" in self.bounded else []
+        if not self.disks:
+            self.bounded = [c for c in self.bounded if c != "io"]
+
+    def _disks_taking_limits(self) -> list[str]:
+        """The host's disks whose I/O a group here can limit, tried on a scratch group (a disk whose driver
+        has no throttling, or a v2 hierarchy without io delegated, refuses the limit)."""
+        parent = self.parents.get("io") or self.parents.get("unified")
+        if parent is None:
+            return []
+        trial, taken = parent / "io-check", []
+        try:
+            trial.mkdir()
+        except OSError:
+            return []
+        try:
+            for disk in disks():
+                try:
+                    if self.version == 2:
+                        _write(trial / "io.max", f"{disk} riops=1000000")
+                    else:
+                        _write(trial / "blkio.throttle.read_iops_device", f"{disk} 1000000")
+                    taken.append(disk)
+                except OSError:
+                    pass
+        finally:
+            trial.rmdir()
+        return taken
 
     @classmethod
     def detect(cls, tag: str) -> CgroupSet:
@@ -172,7 +204,12 @@ class CgroupSet:
                 offered = [c for c in CONTROLLERS if c in _read(base / "cgroup.controllers").split()]
                 if not {"memory", "pids"} <= set(enabled) and {"memory", "pids"} <= set(offered):
                     try:
-                        _write(base / "cgroup.subtree_control", " ".join("+" + c for c in offered))
+                        _write(base / "cgroup.subtree_control", " ".join("+" + c for c in offered if c != "io"))
+                        if "io" in offered:
+                            try:
+                                _write(base / "cgroup.subtree_control", "+io")
+                            except OSError:
+                                pass
                     except OSError as exc:
                         raise OSError(f"cannot enable {offered} for children ({exc.strerror}): run the trainer "
                                       "in a delegated cgroup (systemd Delegate=yes) from a leaf of its own") from exc  # fmt: skip
@@ -183,10 +220,15 @@ class CgroupSet:
                 parent = base / tag
                 parent.mkdir()
                 try:
-                    _write(parent / "cgroup.subtree_control", " ".join("+" + c for c in wanted))
+                    _write(parent / "cgroup.subtree_control", " ".join("+" + c for c in wanted if c != "io"))
                 except OSError:
                     parent.rmdir()
                     raise
+                if "io" in wanted:
+                    try:  # optional: without it, disk I/O is reported as not bounded
+                        _write(parent / "cgroup.subtree_control", "+io")
+                    except OSError:
+                        pass
                 return cls(2, {"unified": parent})
             except OSError as exc:
                 reasons.append(f"cgroup v2 at {base}: {exc}")
@@ -284,13 +326,20 @@ class CgroupSet:
     def _limit(self, directory: Path, limits: CgroupLimits) -> None:
         quota = max(1000, int(limits.cpu_cores * _PERIOD_US))
         names = {f.name for f in directory.iterdir()}
+        bps, iops = limits.io_bytes_per_s or "max", limits.io_ops_per_s or "max"
         if self.version == 2:
             settings = [("memory.max", limits.memory_bytes), ("memory.swap.max", 0), ("pids.max", limits.pids),
                         ("cpu.max", f"{quota} {_PERIOD_US}")]  # fmt: skip
+            settings += [("io.max", f"{disk} rbps={bps} wbps={bps} riops={iops} wiops={iops}") for disk in self.disks]
         else:
             settings = [("memory.limit_in_bytes", limits.memory_bytes),
                         ("memory.memsw.limit_in_bytes", limits.memory_bytes), ("pids.max", limits.pids),
                         ("cpu.cfs_period_us", _PERIOD_US), ("cpu.cfs_quota_us", quota)]  # fmt: skip
+            # v1 has no "max": 0 removes a device's rule (a fresh group has none)
+            for file, value in (("bps", limits.io_bytes_per_s), ("iops", limits.io_ops_per_s)):
+                if value:
+                    settings += [(f"blkio.throttle.{way}_{file}_device", f"{disk} {value}")
+                                 for disk in self.disks for way in ("read", "write")]  # fmt: skip
         for file, value in settings:
             if file in names:  # memsw/swap files exist only with swap accounting
                 _write(directory / file, str(value))
@@ -312,6 +361,19 @@ class CgroupSet:
             return f"not in force ({self.reason})"
         where = ", ".join(str(p) for p in self.parents.values())
         return f"cgroup v{self.version} per slot ({', '.join(self.bounded)}) under {where}"
+
+
+def disks() -> list[str]:
+    """The MAJ:MIN of every whole disk with a size: the devices I/O limits apply to (loop, RAM and empty devices
+    are left out; partitions share their disk's limit)."""
+    found = []
+    for entry in sorted(Path("/sys/block").glob("*")):
+        if entry.name.startswith(("loop", "ram", "zram")) or _read(entry / "size").strip() in ("", "0"):
+            continue
+        number = _read(entry / "dev").strip()
+        if number:
+            found.append(number)
+    return found
 
 
 def _read(path: Path) -> str:

@@ -82,6 +82,17 @@ class SandboxConfig:
     cpu_cores: float = field(
         default=1.0, metadata={"help": "CPU time one slot may use at once, in cores (cgroup cpu quota)."}
     )
+    io_mb_per_s: float = field(
+        default=50.0,
+        metadata={
+            "help": "Disk reads and writes one slot may make, in MB/s per disk (cgroup io.max or blkio throttle, "
+            "where a cgroup is in force; 0 = no cap). Reads served from the page cache are not counted."
+        },
+    )
+    io_ops_per_s: int = field(
+        default=1000,
+        metadata={"help": "Disk read and write operations one slot may make per second, per disk (0 = no cap)."},
+    )
     workspace_mb: int = field(
         default=256,
         metadata={
@@ -123,7 +134,7 @@ _KINDS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 _POSITIVE = ("timeout_s", "memory_mb", "max_processes", "max_file_mb", "max_open_files", "max_output_bytes",
              "uids_per_rank", "cpu_cores")  # fmt: skip
-_NOT_NEGATIVE = ("base_uid", "workspace_mb", "workspace_inodes")
+_NOT_NEGATIVE = ("base_uid", "workspace_mb", "workspace_inodes", "io_mb_per_s", "io_ops_per_s")
 
 
 @dataclass

@@ -115,7 +115,9 @@ class SandboxPool:
                 inodes=self.config.workspace_inodes,
             )
             if self.cgroups.version is not None:
-                limits = CgroupLimits(self.config.memory_mb << 20, self.config.max_processes, self.config.cpu_cores)
+                config = self.config
+                limits = CgroupLimits(config.memory_mb << 20, config.max_processes, config.cpu_cores,
+                                      int(config.io_mb_per_s * (1 << 20)), config.io_ops_per_s)  # fmt: skip
                 group = self.cgroups.take(limits)
         except BaseException:
             # Undo what was made; a half-made slot must not keep a uid or a mount.

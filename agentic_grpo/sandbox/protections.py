@@ -127,12 +127,25 @@ def bounds(
         if quota
         else f"RLIMIT_FSIZE {config.max_file_mb} MB per file only: total size and file count NOT bounded"
         + why_no_quota,
+        "disk I/O": _disk_io(config, "io" in cgroup),
         "files": f"RLIMIT_NOFILE {config.max_open_files} per process",
         "buffers": _buffers(config, layer, "memory" in cgroup),
     }
     if "memory" in cgroup:
         out["memory"] += f"; {memfd}"
     return out
+
+
+def _disk_io(config: SandboxConfig, io_cgroup: bool) -> str:
+    """Disk bandwidth: only a cgroup's I/O controller bounds it (a slot reading past the page cache slows the host's
+    own reads)."""
+    if not io_cgroup:
+        return "NOT bounded (no cgroup I/O controller in force: needs root, or a delegated v2 group with io)"
+    if not (config.io_mb_per_s or config.io_ops_per_s):
+        return "NOT bounded (io_mb_per_s and io_ops_per_s are 0)"
+    caps = [f"{config.io_mb_per_s:g} MB/s" if config.io_mb_per_s else "",
+            f"{config.io_ops_per_s} operations/s" if config.io_ops_per_s else ""]  # fmt: skip
+    return f"cgroup I/O limit {' and '.join(c for c in caps if c)} per disk for the whole slot"
 
 
 def _buffers(config: SandboxConfig, layer: str, memory_cgroup: bool) -> str:

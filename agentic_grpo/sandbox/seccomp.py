@@ -53,6 +53,13 @@ from a file descriptor (`--seccomp FD`). Refused with EPERM unless noted:
   lock taken by one process of a slot does not exclude another. F_GETLK stays: no slot
   ever holds a lock for it to see. Leases (F_SETLEASE) and directory notifications
   (F_NOTIFY, dnotify: inotify's older form) are refused;
+- the page cache as a probe: every slot reads the same interpreter and libraries, so whether a
+  page of one of them is cached carries bits between slots, and what a neighbour imports.
+  posix_fadvise(POSIX_FADV_DONTNEED) and madvise(MADV_COLD, MADV_PAGEOUT), which evict a shared
+  file's pages, succeed without effect; preadv2 with RWF_NOWAIT (which fails only when the page
+  is not cached) answers EOPNOTSUPP, as on a filesystem without it, and code falls back to a plain
+  read; mincore and cachestat, which report residency, answer ENOSYS. Timing a first read still
+  tells a cached page from one on disk (docs/sandbox.md lists it as open);
 - syscalls of a foreign ABI (i386 on x86_64) kill the process; x32 ones are refused.
 """
 
@@ -81,6 +88,10 @@ _NR = {
         "fcntl": 72,
         "flock": 73,
         "prctl": 157,
+        "fadvise64": 221,
+        "madvise": 28,
+        "preadv2": 327,
+        "residency": {"mincore": 27, "cachestat": 451},
         "own_pid": {"sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314},
         "xattr": {"setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
                   "fremovexattr": 199, "setxattrat": 463, "removexattrat": 466},
@@ -113,6 +124,10 @@ _NR = {
         "fcntl": 25,
         "flock": 32,
         "prctl": 167,
+        "fadvise64": 223,
+        "madvise": 233,
+        "preadv2": 286,
+        "residency": {"mincore": 232, "cachestat": 451},
         "own_pid": {"sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122, "sched_setattr": 274},
         "xattr": {"setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
                   "fremovexattr": 16, "setxattrat": 463, "removexattrat": 466},
@@ -137,6 +152,7 @@ PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 SOL_SOCKET, F_SETPIPE_SZ = 1, 1031
 F_SETLEASE, F_NOTIFY = 1024, 1026
 PR_SET_PDEATHSIG = 1
+POSIX_FADV_DONTNEED, MADV_COLD, MADV_PAGEOUT, RWF_NOWAIT = 4, 20, 21, 0x8  # same on x86_64 and aarch64
 SET_LOCK_COMMANDS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW (same on every 64-bit arch)
 BUFFER_OPTIONS = (7, 8, 32, 33)  # SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE (same on every arch)
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
@@ -235,6 +251,10 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool, d
         (_JEQ, nr["fcntl"], "fcntl", 0),
         (_JEQ, nr["flock"], "ignore", 0),
         (_JEQ, nr["prctl"], "prctl", 0),
+        (_JEQ, nr["fadvise64"], "fadvise", 0),
+        (_JEQ, nr["madvise"], "madvise", 0),
+        (_JEQ, nr["preadv2"], "preadv2", 0),
+        *[(_JEQ, number, "enosys", 0) for number in sorted(nr["residency"].values())],
         (_JEQ, nr["clone3"], "enosys", 0),
         (_JEQ, nr["clone"], "clone", 0),
         (_JEQ, nr["socketpair"], "socketpair", 0),
@@ -266,6 +286,16 @@ def build(families: tuple[int, ...], *, allow_memfd: bool, deny_connect: bool, d
         ("label", "prctl"),
         (_LD_W_ABS, 16, 0, 0),  # args[0]: the option
         (_JEQ, PR_SET_PDEATHSIG, "ignore", "allow"),
+        ("label", "fadvise"),
+        (_LD_W_ABS, 40, 0, 0),  # args[3]: the advice
+        (_JEQ, POSIX_FADV_DONTNEED, "ignore", "allow"),
+        ("label", "madvise"),
+        (_LD_W_ABS, 32, 0, 0),  # args[2]: the advice
+        (_JEQ, MADV_COLD, "ignore", 0),
+        (_JEQ, MADV_PAGEOUT, "ignore", "allow"),
+        ("label", "preadv2"),
+        (_LD_W_ABS, 56, 0, 0),  # args[5] (low half): the RWF_* flags
+        (_JSET, RWF_NOWAIT, "eopnotsupp", "allow"),
         ("label", "clone"),
         (_LD_W_ABS, 16, 0, 0),  # args[0] (low half): the clone flags
         (_JSET, CLONE_NEW_MASK, "eperm", "allow"),

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from ..pool import SandboxPool
 from ..slot import SandboxSlot
-from .channels import host_proc_files, lock_side_channel, stat_outside
+from .channels import host_proc_files, lock_side_channel, page_cache_probe, stat_outside
 from .files import (
     read_opt_data,
     read_shadow,
@@ -48,6 +48,7 @@ from .python import trainer_environment
 from .resources import (
     cpu_share,
     deep_tree_cleanup,
+    disk_bandwidth,
     disk_quota,
     launcher_cpu_cleanup,
     launcher_nofile_cleanup,
@@ -248,6 +249,7 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         memfd_memory,
         disk_quota,
         cpu_share,
+        disk_bandwidth,
         deep_tree_cleanup,
         readonly_tree_cleanup,
         launcher_nofile_cleanup,
@@ -264,6 +266,7 @@ ATTACKS: dict[str, Callable[[Context, SandboxSlot], AttackResult]] = {
         lock_side_channel,
         host_proc_files,
         stat_outside,
+        page_cache_probe,
         pdeathsig_cleared,
         heavy_children,
         self_kill_status,

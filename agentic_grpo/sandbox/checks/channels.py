@@ -164,3 +164,72 @@ def stat_outside(ctx: Context, slot: SandboxSlot) -> AttackResult:
         harmed.append(f"host pid {ctx.decoy_proc.pid} exists")
     gap = "Landlock does not mediate stat()" if harmed and ctx.pool.layer == "landlock" else ""
     return AttackResult("stat_outside", bool(out) and not harmed, f"harmed: {harmed} code said {out}", gap)
+
+
+def page_cache_probe(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Read and evict the page cache of a file every slot reads (a module source of the interpreter's standard
+    library): probe a page without loading it (preadv2 with RWF_NOWAIT, mincore on a mapping never touched,
+    cachestat), then evict it (posix_fadvise DONTNEED, madvise PAGEOUT). Together they carry bits to a concurrent
+    or a later slot and show what a neighbour imports.
+
+    The trainer caches the page first and looks afterwards (its own RWF_NOWAIT read): harm is any probe that
+    tells a cached page, or the page gone from the cache after the code's eviction. A first read's timing
+    tells it too: that channel stays open (docs/sandbox.md).
+    """
+    where = last_json(run_code(slot, """
+        import json, json.decoder, os
+        print(json.dumps({"path": os.path.realpath(json.decoder.__file__)}))
+        """))  # fmt: skip
+    path = where.get("path", "")
+    if path:
+        with open(path, "rb") as f:
+            f.read(4096)
+    if not path or not _host_cached(path):
+        return AttackResult("page_cache_probe", True, f"code said {where}", skipped=f"cannot probe {path!r} here")
+    result = run_code(slot, f"""
+        import ctypes, json, mmap, os
+        path, out = {path!r}, {{}}
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            out["nowait"] = os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+        except OSError as exc:
+            out["nowait"] = exc.strerror
+        vec = (ctypes.c_ubyte * 1)()
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        mapped = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if libc.mincore(ctypes.c_void_p(mapped), 4096, vec) == 0:
+            out["mincore_resident"] = vec[0] & 1
+        else:
+            out["mincore"] = os.strerror(ctypes.get_errno())
+        stat = (ctypes.c_uint64 * 5)()
+        span = (ctypes.c_uint64 * 2)(0, 4096)
+        if libc.syscall(451, fd, span, stat, 0) == 0:
+            out["cachestat_cached"] = stat[0]
+        else:
+            out["cachestat"] = os.strerror(ctypes.get_errno())
+        libc.madvise(ctypes.c_void_p(mapped), 4096, 21)  # MADV_PAGEOUT
+        libc.munmap(ctypes.c_void_p(mapped), 4096)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        print(json.dumps(out))
+        """)  # fmt: skip
+    out = last_json(result)
+    probed = [name for name in ("nowait", "mincore_resident", "cachestat_cached") if isinstance(out.get(name), int)]
+    evicted = not _host_cached(path)
+    harmed = bool(probed) or evicted or not out
+    detail = f"{path}: probes that answered {probed}, evicted {evicted}; code said {out or result.stderr[-300:]}"
+    return AttackResult("page_cache_probe", not harmed, detail)
+
+
+def _host_cached(path: str) -> bool:
+    """Whether the first page of `path` is in the page cache, asked without loading it (False when the kernel
+    cannot say without blocking)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT) > 0
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -1,4 +1,5 @@
-"""Attacks on resources: memory outside rlimits (memfd), disk and inodes, CPU share, and trees that break cleanup.
+"""Attacks on resources: memory outside rlimits (memfd), disk and inodes, CPU share, disk bandwidth, and trees that
+break cleanup.
 
 Harm is measured on the host (bytes and entries in the workspace, processes in the slot's
 cpu group, whether the workspace is gone after release). Where the pool's report says a
@@ -77,6 +78,55 @@ def disk_quota(ctx: Context, slot: SandboxSlot) -> AttackResult:
     detail += f"{config.workspace_inodes} inodes); code says {last_json(result)}"
     gap = "no workspace quota (needs root and workspace_mb > 0)" if harmed and not ctx.pool.quota else ""
     return AttackResult("disk_quota", not harmed, detail, gap)
+
+
+def disk_bandwidth(ctx: Context, slot: SandboxSlot) -> AttackResult:
+    """Read the largest host file a slot can see straight from the disk (O_DIRECT, past the page cache): 4 KB at
+    random offsets, then 1 MB at a time, a second and a half each. Unbounded, one slot takes the disk from the
+    host (its own 4 KB reads went from 0.2 ms to 5-9 ms); blocked when both rates stay within twice the slot's
+    caps (`io_ops_per_s`, `io_mb_per_s`), which the kernel holds to within a few percent."""
+    config = ctx.pool.config
+    result = run_code(slot, """
+        import json, mmap, os, random, sys, time
+        big, size = None, 0
+        for top in (os.path.join(sys.base_prefix, "lib"), "/usr/lib", "/usr/bin"):
+            for directory, _, files in os.walk(top):
+                for name in files:
+                    path = os.path.join(directory, name)
+                    try:
+                        if not os.path.islink(path) and os.path.getsize(path) > size:
+                            big, size = path, os.path.getsize(path)
+                    except OSError:
+                        pass
+        try:
+            fd = os.open(big, os.O_RDONLY | os.O_DIRECT)
+            os.preadv(fd, [mmap.mmap(-1, 4096)], 0)
+        except (OSError, TypeError) as exc:
+            print(json.dumps({"no_direct": f"{big}: {exc}"}))
+            raise SystemExit
+        out = {"file": big, "size_mb": size >> 20}
+        for name, chunk, unit in (("ops_per_s", 4096, 4096), ("mb_per_s", 1 << 20, 1 << 20)):
+            buf, blocks, done, start = mmap.mmap(-1, chunk), max(1, size // chunk), 0, time.monotonic()
+            while time.monotonic() - start < 1.5:
+                done += os.preadv(fd, [buf], random.randrange(blocks) * chunk)
+            out[name] = round(done / unit / (time.monotonic() - start), 1)
+        print(json.dumps(out))
+        """, timeout=30)  # fmt: skip
+    seen = last_json(result)
+    if "no_direct" in seen or "ops_per_s" not in seen:
+        return AttackResult("disk_bandwidth", True, f"exit={result.exit_code} {seen or result.stderr[-300:]}",
+                            skipped=f"no file here takes O_DIRECT reads: {seen.get('no_direct', '')}")  # fmt: skip
+    over_ops = not config.io_ops_per_s or seen["ops_per_s"] > 2 * config.io_ops_per_s
+    over_mb = not config.io_mb_per_s or seen["mb_per_s"] > 2 * config.io_mb_per_s
+    harmed = over_ops or over_mb
+    detail = f"read {seen['ops_per_s']} ops/s of 4 KB and {seen['mb_per_s']} MB/s from {seen['file']} "
+    detail += f"(caps {config.io_ops_per_s} ops/s, {config.io_mb_per_s:g} MB/s)"
+    gap = ""
+    if harmed and "io" not in ctx.pool.cgroups.bounded:
+        gap = "no cgroup I/O controller in force (needs root, or a delegated v2 group with io)"
+    elif harmed and not (config.io_ops_per_s and config.io_mb_per_s):
+        gap = "io_ops_per_s or io_mb_per_s is 0 (no cap)"
+    return AttackResult("disk_bandwidth", not harmed, detail, gap)
 
 
 def _usage(root) -> tuple[int, int]:  # noqa: ANN001 - a Path
