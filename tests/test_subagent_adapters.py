@@ -240,3 +240,16 @@ def test_adapter_children_can_keep_their_sampling_logprobs(tiny_model_dir, token
         expected = torch.log_softmax(logits / 0.7, dim=-1)[torch.arange(len(child.prompt_ids) - 1, len(ids) - 1),
                                                             torch.tensor(child.completion_ids)]  # fmt: skip
         assert child.completion_logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_an_adapter_path_without_a_saved_adapter_is_refused_naming_it(tiny_model_dir, adapters, tmp_path):
+    """A router recipe names its specialists' adapters by the directories their own runs wrote: one not trained
+    yet stops the run in one line that says so, not in PEFT's hub lookup of a repository id."""
+    x_path, _ = adapters
+    model = policy_with(tiny_model_dir, x_path)
+    missing = tmp_path / "team" / "units"
+    with pytest.raises(ValueError, match=r"sub-agent adapter `units`: .*team/units holds no saved adapter"):
+        attach_adapter(model, "units", str(missing))
+    assert "units" not in model.peft_config
+    attach_adapter(model, "units", x_path)  # a directory a run saved loads
+    assert "units" in model.peft_config

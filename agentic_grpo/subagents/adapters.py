@@ -19,6 +19,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from agentic_grpo.backends import TrainerBackend, TransformersBackend
@@ -111,6 +112,11 @@ def attach_adapter(model: Any, name: str, path: str | None, trainable: bool = Fa
         )
     if name in model.peft_config:
         return
+    if path is not None and not Path(path, "adapter_config.json").is_file():
+        raise ValueError(
+            f"sub-agent adapter `{name}`: {path} holds no saved adapter (no adapter_config.json): train it first (a "
+            "run with `use_peft: true` saves its adapter in its output_dir), or give the right `adapter_path`"
+        )
     import copy
 
     was_training = model.training
