@@ -82,9 +82,9 @@ def disk_quota(ctx: Context, slot: SandboxSlot) -> AttackResult:
 
 def disk_bandwidth(ctx: Context, slot: SandboxSlot) -> AttackResult:
     """Read the largest host file a slot can see straight from the disk (O_DIRECT, past the page cache): 4 KB at
-    random offsets, then 1 MB at a time, a second and a half each. Unbounded, one slot takes the disk from the
-    host (its own 4 KB reads went from 0.2 ms to 5-9 ms); blocked when both rates stay within twice the slot's
-    caps (`io_ops_per_s`, `io_mb_per_s`), which the kernel holds to within a few percent."""
+    random offsets, then 1 MB at a time, a second and a half each. Unbounded, one slot can take a slow disk from
+    the host's own reads; blocked when both rates stay within twice the slot's caps (`io_ops_per_s`,
+    `io_mb_per_s`), which the kernel's throttle holds to within about a tenth."""
     config = ctx.pool.config
     result = run_code(slot, """
         import json, mmap, os, random, sys, time
