@@ -8,7 +8,7 @@ numbers depend on the machine and its load, which is printed alongside.
 
     python benchmarks/sandbox.py [--mode auto] [--calls 20] [--per-slot 2] [--no-cgroup] [--workspace-mb 256]
 
-With --disk it measures instead what one slot reading the disk past the page cache (O_DIRECT, four threads of
+With --disk it measures instead what one slot reading the disk past the page cache (O_DIRECT, four processes of
 random 4 KB reads) does to the host's own 4 KB reads of another file: their latency alone, beside a slot with
 the default I/O caps, and beside one without caps (`io_mb_per_s` and `io_ops_per_s` 0).
 """

@@ -204,12 +204,7 @@ class CgroupSet:
                 offered = [c for c in CONTROLLERS if c in _read(base / "cgroup.controllers").split()]
                 if not {"memory", "pids"} <= set(enabled) and {"memory", "pids"} <= set(offered):
                     try:
-                        _write(base / "cgroup.subtree_control", " ".join("+" + c for c in offered if c != "io"))
-                        if "io" in offered:
-                            try:
-                                _write(base / "cgroup.subtree_control", "+io")
-                            except OSError:
-                                pass
+                        _enable_for_children(base, offered)
                     except OSError as exc:
                         raise OSError(f"cannot enable {offered} for children ({exc.strerror}): run the trainer "
                                       "in a delegated cgroup (systemd Delegate=yes) from a leaf of its own") from exc  # fmt: skip
@@ -220,15 +215,10 @@ class CgroupSet:
                 parent = base / tag
                 parent.mkdir()
                 try:
-                    _write(parent / "cgroup.subtree_control", " ".join("+" + c for c in wanted if c != "io"))
+                    _enable_for_children(parent, wanted)
                 except OSError:
                     parent.rmdir()
                     raise
-                if "io" in wanted:
-                    try:  # optional: without it, disk I/O is reported as not bounded
-                        _write(parent / "cgroup.subtree_control", "+io")
-                    except OSError:
-                        pass
                 return cls(2, {"unified": parent})
             except OSError as exc:
                 reasons.append(f"cgroup v2 at {base}: {exc}")
@@ -361,6 +351,17 @@ class CgroupSet:
             return f"not in force ({self.reason})"
         where = ", ".join(str(p) for p in self.parents.values())
         return f"cgroup v{self.version} per slot ({', '.join(self.bounded)}) under {where}"
+
+
+def _enable_for_children(group: Path, controllers: list[str]) -> None:
+    """Enable `controllers` for `group`'s children (v2); raises OSError if any but io is refused. io is optional:
+    without it, disk I/O is reported as not bounded."""
+    _write(group / "cgroup.subtree_control", " ".join("+" + c for c in controllers if c != "io"))
+    if "io" in controllers:
+        try:
+            _write(group / "cgroup.subtree_control", "+io")
+        except OSError:
+            pass
 
 
 def disks() -> list[str]:
