@@ -1,0 +1,238 @@
+"""A router over trained specialists, against the untrained router, an oracle and a generalist; prints JSON.
+
+The specialists are trained and measured first, each on its own kind, by `bench learning` (docs/team.md):
+
+    agentic-grpo bench learning --recipe team_units --seeds 0 --output-dir outputs/team      # and the others
+
+Then, per seed, over that seed's specialists (`<--specialists-prefix>-<recipe>-seedN`, put where the router's
+sub-agent `adapter_path` named the specialist recipe's `output_dir`):
+- **untrained**: the router recipe with the base model as the orchestrator;
+- **oracle**: each of the router's held-out questions given whole, as the router's example gives it, to the
+  specialist its row names (`expected_tools`), that specialist's final answer scored: the ceiling of routing;
+- **trained**: the router trained by its recipe;
+- **generalist**: one adapter trained by `--generalist` (the router's question mixture, every specialist's
+  tool) for as many sampled trajectories as the specialists and the router together.
+
+Every arm is scored strictly on the router's held-out questions (`benchmarks/learning.py`: the final answer is
+the reference itself). Each evaluation's trajectories are kept beside its result. Finished arms are kept
+(`<prefix>-seedN-<arm>.json`) and reused for the same recipes, specialists' weights and code, so a long comparison
+can be run an arm at a time (`--arms`).
+
+    agentic-grpo bench team --seeds 0 1 2                          # every arm, three seeds
+    agentic-grpo bench team --seeds 0 --arms untrained oracle       # the two arms that train nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentic_grpo.benchmarks._stored import cached
+from agentic_grpo.benchmarks.learning import held_out, pinned_training_rows, strictly_correct, train
+
+ARMS = ("untrained", "oracle", "trained", "generalist")
+SPECIALISTS = ("team_arithmetic", "team_units", "team_dates")
+
+
+def trajectories_per_run(recipe: dict[str, Any], where: str) -> int:
+    """Trajectories a one-process run of `recipe` samples: steps x completions per optimizer step."""
+    missing = [
+        k for k in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps") if k not in recipe
+    ]
+    if missing:
+        raise ValueError(f"{where}: the benchmark counts sampled trajectories from {missing}: set them in the recipe")
+    return recipe["max_steps"] * recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"]
+
+
+SUBAGENT_SETTINGS = ("environment", "format", "format_kwargs", "max_turns", "max_tokens_per_turn",
+                     "max_completion_length", "max_tool_output_tokens")  # fmt: skip
+
+
+def settings_differ(specialist: dict[str, Any], entry: dict[str, Any], router: dict[str, Any]) -> list[str]:
+    """The settings in which a specialist's recipe trains it otherwise than the router's sub-agent `entry` runs it
+    (a sub-agent's unset budget is the router's own): its adapter would answer other prompts than it learned."""
+    differ = []
+    for name in SUBAGENT_SETTINGS:
+        default = "react" if name == "format" else router.get(name)
+        runs = entry.get(name, default)
+        trains = specialist.get(name, "react" if name == "format" else None)
+        if runs != trains:
+            differ.append(name)
+    return differ
+
+
+def router_over(router: dict[str, Any], specialists: dict[str, str]) -> dict[str, Any]:
+    """The router recipe with each sub-agent whose `adapter_path` a specialist trains pointed at `specialists`
+    (shipped output_dir -> this seed's run directory); raises ValueError for a specialist no sub-agent loads."""
+    entries = [dict(entry) for entry in router.get("subagents") or []]
+    for shipped, trained in specialists.items():
+        found = [e for e in entries if e.get("adapter_path") == shipped]
+        if not found:
+            paths = [e.get("adapter_path") for e in entries]
+            raise ValueError(f"no router sub-agent loads `{shipped}` (the specialist's output_dir); theirs: {paths}")
+        for entry in found:
+            entry["adapter_path"] = trained
+    return {**router, "subagents": entries}
+
+
+def oracle(router_recipe: str, questions: int, report: Path) -> dict[str, Any]:
+    """Each held-out question of the router's, given to the specialist its row names, that specialist's answer
+    scored strictly. Each specialist runs as the router's sub-agent does (its own prompt, tools, budgets and
+    adapter, greedy), on the whole question as its task."""
+    from agentic_grpo.evaluate import correctness_reward_name, evaluate, load_policy, write_report
+    from agentic_grpo.run_parts import build_recipe
+
+    built = build_recipe(["--config", router_recipe, "--output_dir", str(Path(tempfile.gettempdir()) / "team-oracle")])
+    rows = list(built.test)[:questions]
+    name = correctness_reward_name(built.rewards, built.config.correctness_reward)
+    correctness = [r for r in built.rewards if getattr(r, "__name__", None) == name]
+    records: list[dict[str, Any]] = []
+    per_specialist = {}
+    for agent in built.rollout_parts.agents:
+        mine = [row for row in rows if agent.name in row["expected_tools"]]
+        if not mine:
+            continue
+        model, tokenizer = load_policy(agent.source.adapter_path, merge=False)
+        _, answered = evaluate(model, tokenizer, agent.parts, correctness, mine, progress=False, correctness=name)
+        right = [strictly_correct(r["final_answer"], r["row"]["answer"]) for r in answered]
+        per_specialist[agent.name] = {"questions": len(mine), "strict_accuracy": sum(right) / len(mine)}
+        records += [{**r, "specialist": agent.name, "strict": ok} for r, ok in zip(answered, right, strict=True)]
+    unrouted = len(rows) - len(records)  # rows that name no specialist of the router: the oracle cannot answer
+    write_report(report, {"per_specialist": per_specialist, "unrouted": unrouted}, records)
+    return {
+        "strict_accuracy": sum(r["strict"] for r in records) / max(1, len(rows)),
+        "per_specialist": per_specialist,
+        "unrouted": unrouted,
+    }
+
+
+def trained_run(recipe: str, seed: int, output_dir: str, max_steps: int | None, questions: int) -> dict[str, Any]:
+    """Train one run, then its strict held-out accuracy on `recipe`'s test split (trajectories kept beside it)."""
+    minutes, peak_mb = train(recipe, seed, output_dir, max_steps)
+    after = held_out(output_dir, recipe, questions, 1, Path(output_dir) / "held_out.json")
+    return {**after, "train_minutes": round(minutes, 1), "train_peak_memory_mb": peak_mb, "output_dir": output_dir}
+
+
+def specialist_runs(
+    args: argparse.Namespace, shipped: dict[str, Path], router: dict[str, Any], seed: int
+) -> dict[str, Path]:
+    """Each specialist's shipped `output_dir` -> its run directory of `seed`, trained by `bench learning`; stops
+    when a specialist is missing, or trained with other settings than the router runs it with."""
+    runs = {}
+    for name in args.specialists:
+        directory = Path(f"{args.specialists_prefix}-{name}-seed{seed}")
+        if not (directory / "adapter_config.json").exists():
+            raise SystemExit(f"error: no trained adapter in {directory}: train the specialist first with `agentic-grpo "
+                             f"bench learning --recipe {name} --seeds {seed} --output-dir {args.specialists_prefix}`")  # fmt: skip
+        spec = yaml.safe_load(shipped[name].read_text())
+        for entry in router.get("subagents") or []:
+            differ = settings_differ(spec, entry, router) if entry.get("adapter_path") == spec["output_dir"] else []
+            if differ:
+                raise SystemExit(f"error: `{name}` trains with other {differ} than the router's `{entry['name']}` "
+                                 "runs it with: the adapter the router asks would not be the one trained")  # fmt: skip
+        runs[spec["output_dir"]] = directory
+    return runs
+
+
+def adapter_digest(directory: Path) -> str:
+    """A digest of a saved adapter's weights: a stage measured over a specialist is redone if it is retrained."""
+    return hashlib.sha256((directory / "adapter_model.safetensors").read_bytes()).hexdigest()[:16]
+
+
+def run_seed(seed: int, args: argparse.Namespace, shipped: dict[str, Path]) -> dict[str, Any]:
+    runs = Path(f"{args.output_dir}-seed{seed}")
+    runs.mkdir(parents=True, exist_ok=True)
+    router_spec = yaml.safe_load(shipped["router"].read_text())
+    specialists = specialist_runs(args, shipped, router_spec, seed)
+    copy = runs.with_name(f"{runs.name}-router.yaml")
+    copy.write_text(
+        yaml.safe_dump(router_over(router_spec, {k: str(v) for k, v in specialists.items()}), sort_keys=False)
+    )
+    router = pinned_training_rows(copy, copy)
+    key = {"questions": args.questions, "seed": seed, "router": Path(router).read_text(),
+           "specialists": {str(d): adapter_digest(d) for d in specialists.values()}}  # fmt: skip
+    arms = {
+        "untrained": lambda: held_out(
+            router_spec["model_name_or_path"], router, args.questions, 1, runs / "untrained_router.json"
+        ),  # fmt: skip
+        "oracle": lambda: oracle(router, args.questions, runs / "oracle.json"),
+        "trained": lambda: trained_run(router, seed, str(runs / "router"), None, args.questions),
+    }
+    result: dict[str, Any] = {
+        "seed": seed,
+        "specialists": {name: str(d) for name, d in zip(args.specialists, specialists.values(), strict=True)},
+    }
+    for arm in [a for a in ARMS if a in args.arms and a != "generalist"]:
+        result[arm] = cached(runs.with_name(f"{runs.name}-{arm}.json"), key, arms[arm])
+    sampled = trajectories_per_run(router_spec, "router")
+    sampled += sum(trajectories_per_run(yaml.safe_load(shipped[n].read_text()), n) for n in args.specialists)
+    result["team_trajectories"] = sampled
+    if "generalist" in args.arms:
+        spec = yaml.safe_load(shipped["generalist"].read_text())
+        steps = math.ceil(sampled / trajectories_per_run({**spec, "max_steps": 1}, "generalist"))
+        recipe = pinned_training_rows(shipped["generalist"], runs.with_name(f"{runs.name}-generalist.yaml"))
+        measure = functools.partial(trained_run, recipe, seed, str(runs / "generalist"), steps, args.questions)
+        text = {"questions": args.questions, "seed": seed, "recipe": Path(recipe).read_text(), "max_steps": steps}
+        result["generalist"] = {
+            **cached(runs.with_name(f"{runs.name}-generalist.json"), text, measure),
+            "steps": steps,
+        }
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="agentic-grpo bench team", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--router", default="team_router", help="the router recipe (default: team_router)")
+    parser.add_argument("--specialists", nargs="+", default=list(SPECIALISTS),
+                        help="the specialists' recipes, trained first (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--generalist", default="team_generalist", help="the generalist's recipe")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="arms to measure (default: all)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds (default: 0 1 2)")
+    parser.add_argument("--questions", type=int, default=48, help="held-out questions to evaluate")
+    parser.add_argument(
+        "--specialists-prefix",
+        default="outputs/team",
+        help="where `bench learning` trained the specialists: <prefix>-<recipe>-seedN (default: %(default)s)",
+    )
+    parser.add_argument("--output-dir", default="outputs/team-bench", help="the arms' run directories' prefix")
+    args = parser.parse_args()
+
+    from agentic_grpo.resources import find_shipped
+
+    shipped = {name: find_shipped(name, "recipes", ".yaml") for name in args.specialists}
+    shipped |= {"router": find_shipped(args.router, "recipes", ".yaml")}
+    shipped |= {"generalist": find_shipped(args.generalist, "recipes", ".yaml")}
+    Path(args.output_dir).parent.mkdir(parents=True, exist_ok=True)
+    seeds = [run_seed(seed, args, shipped) for seed in args.seeds]
+    summary = {}
+    for arm in args.arms:
+        values = [s[arm]["strict_accuracy"] for s in seeds]
+        summary[arm] = {"mean": round(statistics.fmean(values), 3),
+                        "std": round(statistics.stdev(values), 3) if len(values) > 1 else 0.0}  # fmt: skip
+    result = {
+        "benchmark": "team",
+        "router": shipped["router"].name,
+        "scoring": "strict: the final answer is the reference itself, on the router's held-out questions",
+        "questions": args.questions,
+        "seeds": seeds,
+        "strict_accuracy": summary,
+        "command": " ".join(["agentic-grpo bench team", *sys.argv[1:]]),
+    }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The team benchmark (`agentic-grpo bench team`): its specialists are the ones the router runs, its generalist
+answers the router's questions, and its oracle sends each question to the specialist its row names.
+
+The oracle runs for real on the tiny random model with random saved LoRA adapters as the specialists: what it
+answers is noise, but which specialist (prompt, tools, adapter) each question reaches is not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentic_grpo.benchmarks.team import SPECIALISTS, oracle, router_over, settings_differ, trajectories_per_run
+from agentic_grpo.data import load_task_data
+from agentic_grpo.tools.toolbox import TeamToolbox
+from tests.helpers import ROOT
+
+
+def recipe(name: str) -> dict:
+    return yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())
+
+
+def test_each_specialist_trains_with_the_settings_the_router_runs_it_with():
+    router = recipe("team_router")
+    entries = {e["adapter_path"]: e for e in router["subagents"]}
+    for name in SPECIALISTS:
+        specialist = recipe(name)
+        entry = entries[specialist["output_dir"]]  # each specialist's run is the directory a sub-agent loads
+        assert settings_differ(specialist, entry, router) == [], name
+    arithmetic, entry = recipe("team_arithmetic"), entries["outputs/team/arithmetic"]
+    planted = {**arithmetic, "max_tokens_per_turn": 80}
+    assert settings_differ(planted, entry, router) == ["max_tokens_per_turn"]
+    examples = arithmetic["format_kwargs"]["example_turns"][:1]
+    planted = {**arithmetic, "format_kwargs": {"example_turns": examples}}
+    assert settings_differ(planted, entry, router) == ["format_kwargs"]
+    # A sub-agent's unset budget is the router's own: unset there, the specialist must train with the router's.
+    unset = {k: v for k, v in entry.items() if k != "max_tool_output_tokens"}
+    assert settings_differ(arithmetic, unset, router) == []
+    assert settings_differ(arithmetic, unset, {**router, "max_tool_output_tokens": 64}) == ["max_tool_output_tokens"]
+
+
+def test_the_router_is_pointed_at_one_seeds_specialists():
+    router = recipe("team_router")
+    pointed = router_over(router, {"outputs/team/units": "runs/seed1/units"})
+    paths = [e["adapter_path"] for e in pointed["subagents"]]
+    assert paths == ["outputs/team/arithmetic", "runs/seed1/units", "outputs/team/dates"]
+    assert router["subagents"][1]["adapter_path"] == "outputs/team/units"  # the shipped recipe is left as it is
+    with pytest.raises(ValueError, match="no router sub-agent loads `outputs/team/poems`"):
+        router_over(router, {"outputs/team/poems": "runs/seed1/poems"})
+
+
+def test_the_generalist_answers_the_routers_questions_with_every_specialists_tool():
+    router, generalist = recipe("team_router"), recipe("team_generalist")
+    _, router_test = load_task_data(router["dataset"])
+    _, generalist_test = load_task_data(generalist["dataset"])
+    pairs = [(r["question"], r["answer"]) for r in router_test]
+    assert pairs == [(r["question"], r["answer"]) for r in generalist_test]
+    tools = {schema["function"]["name"] for schema in TeamToolbox.tool_schemas()}
+    assert tools == {"calculator", "convert_units", "date_calculator"}
+    assert trajectories_per_run(recipe("team_arithmetic"), "x") == 20 * 8
+    assert trajectories_per_run(router, "x") == router["max_steps"] * 16
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        trajectories_per_run({"max_steps": 3, "per_device_train_batch_size": 8}, "mine")
+
+
+def save_specialist(base_dir: str, out: Path, seed: int) -> str:
+    """A random (non-zero) LoRA adapter of the tiny model with its tokenizer, saved as a training run saves one."""
+    torch.manual_seed(seed)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))  # fmt: skip
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out)
+    return str(out)
+
+
+def test_the_oracle_gives_each_question_to_the_specialist_its_row_names(tiny_model_dir, tmp_path):
+    router = recipe("team_router")
+    paths = {e["adapter_path"]: save_specialist(tiny_model_dir, tmp_path / e["adapter"], seed=i)
+             for i, e in enumerate(router["subagents"])}  # fmt: skip
+    tiny = router_over(router, paths)
+    tiny.update(model_name_or_path=tiny_model_dir, dataset={**router["dataset"], "num_train": 6, "num_test": 6})
+    for entry in tiny["subagents"]:
+        entry.update(max_tokens_per_turn=6, max_completion_length=12)
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(tiny))
+
+    result = oracle(str(path), 6, tmp_path / "oracle.json")
+
+    assert result["unrouted"] == 0
+    assert {name: r["questions"] for name, r in result["per_specialist"].items()} == {
+        "ask_arithmetic": 2, "ask_units": 2, "ask_dates": 2,
+    }  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "oracle.trajectories.jsonl").read_text().splitlines()]
+    tool_of = {"ask_arithmetic": "calculator", "ask_units": "convert_units", "ask_dates": "date_calculator"}
+    for record in records:
+        assert record["specialist"] == f"ask_{record['row']['kind']}"  # the router's `expected`: kind -> specialist
+        system = record["segments"][0]["text"]  # the specialist's own prompt: its tool, no other specialist's
+        assert f"- {tool_of[record['specialist']]}:" in system
+        assert not any(f"- {t}:" in system for s, t in tool_of.items() if s != record["specialist"])
+    assert result["strict_accuracy"] == sum(r["strict"] for r in records) / 6
