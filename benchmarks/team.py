@@ -25,6 +25,7 @@ can be run an arm at a time (`--arms`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
 import json
@@ -39,6 +40,7 @@ import yaml
 
 from agentic_grpo.benchmarks._stored import cached
 from agentic_grpo.benchmarks.learning import held_out, pinned_training_rows, strictly_correct, train
+from agentic_grpo.subagents.spec import SubAgentConfig
 
 ARMS = ("untrained", "oracle", "trained", "generalist")
 SPECIALISTS = ("team_arithmetic", "team_units", "team_dates")
@@ -56,16 +58,21 @@ def trajectories_per_run(recipe: dict[str, Any], where: str) -> int:
 
 SUBAGENT_SETTINGS = ("environment", "format", "format_kwargs", "max_turns", "max_tokens_per_turn",
                      "max_completion_length", "max_tool_output_tokens")  # fmt: skip
+SUBAGENT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SubAgentConfig)}
 
 
 def settings_differ(specialist: dict[str, Any], entry: dict[str, Any], router: dict[str, Any]) -> list[str]:
-    """The settings in which a specialist's recipe trains it otherwise than the router's sub-agent `entry` runs it
-    (a sub-agent's unset budget is the router's own): its adapter would answer other prompts than it learned."""
+    """The settings in which a specialist's recipe trains it otherwise than the router's sub-agent `entry` runs it:
+    its adapter would answer other prompts than it learned. An unset field of the entry is `SubAgentConfig`'s
+    default, an unset budget the router's own, as the sub-agent is built."""
     differ = []
     for name in SUBAGENT_SETTINGS:
-        default = "react" if name == "format" else router.get(name)
-        runs = entry.get(name, default)
-        trains = specialist.get(name, "react" if name == "format" else None)
+        runs = entry.get(name, SUBAGENT_DEFAULTS[name])
+        if runs is None and name.startswith("max_"):
+            runs = router.get(name)
+        trains = specialist.get(name, SUBAGENT_DEFAULTS[name])
+        if name == "format_kwargs":  # unset and empty are the same: no arguments
+            runs, trains = runs or {}, trains or {}
         if runs != trains:
             differ.append(name)
     return differ
@@ -123,9 +130,7 @@ def trained_run(recipe: str, seed: int, output_dir: str, max_steps: int | None, 
     return {**after, "train_minutes": round(minutes, 1), "train_peak_memory_mb": peak_mb, "output_dir": output_dir}
 
 
-def specialist_runs(
-    args: argparse.Namespace, shipped: dict[str, Path], router: dict[str, Any], seed: int
-) -> dict[str, Path]:
+def specialist_runs(args: argparse.Namespace, recipes: dict[str, dict[str, Any]], seed: int) -> dict[str, Path]:
     """Each specialist's shipped `output_dir` -> its run directory of `seed`, trained by `bench learning`; stops
     when a specialist is missing, or trained with other settings than the router runs it with."""
     runs = {}
@@ -134,7 +139,7 @@ def specialist_runs(
         if not (directory / "adapter_config.json").exists():
             raise SystemExit(f"error: no trained adapter in {directory}: train the specialist first with `agentic-grpo "
                              f"bench learning --recipe {name} --seeds {seed} --output-dir {args.specialists_prefix}`")  # fmt: skip
-        spec = yaml.safe_load(shipped[name].read_text())
+        spec, router = recipes[name], recipes["router"]
         for entry in router.get("subagents") or []:
             differ = settings_differ(spec, entry, router) if entry.get("adapter_path") == spec["output_dir"] else []
             if differ:
@@ -149,11 +154,14 @@ def adapter_digest(directory: Path) -> str:
     return hashlib.sha256((directory / "adapter_model.safetensors").read_bytes()).hexdigest()[:16]
 
 
-def run_seed(seed: int, args: argparse.Namespace, shipped: dict[str, Path]) -> dict[str, Any]:
+def run_seed(
+    seed: int, args: argparse.Namespace, shipped: dict[str, Path], recipes: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The arms of one seed; `shipped` holds the recipes' files, `recipes` their contents."""
     runs = Path(f"{args.output_dir}-seed{seed}")
     runs.mkdir(parents=True, exist_ok=True)
-    router_spec = yaml.safe_load(shipped["router"].read_text())
-    specialists = specialist_runs(args, shipped, router_spec, seed)
+    router_spec = recipes["router"]
+    specialists = specialist_runs(args, recipes, seed)
     copy = runs.with_name(f"{runs.name}-router.yaml")
     copy.write_text(
         yaml.safe_dump(router_over(router_spec, {k: str(v) for k, v in specialists.items()}), sort_keys=False)
@@ -175,11 +183,11 @@ def run_seed(seed: int, args: argparse.Namespace, shipped: dict[str, Path]) -> d
     for arm in [a for a in ARMS if a in args.arms and a != "generalist"]:
         result[arm] = cached(runs.with_name(f"{runs.name}-{arm}.json"), key, arms[arm])
     sampled = trajectories_per_run(router_spec, "router")
-    sampled += sum(trajectories_per_run(yaml.safe_load(shipped[n].read_text()), n) for n in args.specialists)
+    sampled += sum(trajectories_per_run(recipes[n], n) for n in args.specialists)
     result["team_trajectories"] = sampled
     if "generalist" in args.arms:
-        spec = yaml.safe_load(shipped["generalist"].read_text())
-        steps = math.ceil(sampled / trajectories_per_run({**spec, "max_steps": 1}, "generalist"))
+        per_step = trajectories_per_run({**recipes["generalist"], "max_steps": 1}, "generalist")
+        steps = math.ceil(sampled / per_step)
         recipe = pinned_training_rows(shipped["generalist"], runs.with_name(f"{runs.name}-generalist.yaml"))
         measure = functools.partial(trained_run, recipe, seed, str(runs / "generalist"), steps, args.questions)
         text = {"questions": args.questions, "seed": seed, "recipe": Path(recipe).read_text(), "max_steps": steps}
@@ -215,7 +223,8 @@ def main() -> int:
     shipped |= {"router": find_shipped(args.router, "recipes", ".yaml")}
     shipped |= {"generalist": find_shipped(args.generalist, "recipes", ".yaml")}
     Path(args.output_dir).parent.mkdir(parents=True, exist_ok=True)
-    seeds = [run_seed(seed, args, shipped) for seed in args.seeds]
+    recipes = {name: yaml.safe_load(path.read_text()) for name, path in shipped.items()}
+    seeds = [run_seed(seed, args, shipped, recipes) for seed in args.seeds]
     summary = {}
     for arm in args.arms:
         values = [s[arm]["strict_accuracy"] for s in seeds]

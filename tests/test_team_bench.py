@@ -42,6 +42,11 @@ def test_each_specialist_trains_with_the_settings_the_router_runs_it_with():
     unset = {k: v for k, v in entry.items() if k != "max_tool_output_tokens"}
     assert settings_differ(arithmetic, unset, router) == []
     assert settings_differ(arithmetic, unset, {**router, "max_tool_output_tokens": 64}) == ["max_tool_output_tokens"]
+    # Unset arguments of its format are none, not the router's own: the router's example is not the sub-agent's.
+    bare = {k: v for k, v in arithmetic.items() if k != "format_kwargs"}
+    no_examples = {k: v for k, v in entry.items() if k != "format_kwargs"}
+    assert settings_differ(bare, no_examples, router) == []
+    assert settings_differ(arithmetic, no_examples, router) == ["format_kwargs"]
 
 
 def test_the_router_is_pointed_at_one_seeds_specialists():
