@@ -109,7 +109,11 @@ def oracle(router_recipe: str, questions: int, report: Path) -> dict[str, Any]:
         mine = [row for row in rows if agent.name in row["expected_tools"]]
         if not mine:
             continue
-        model, tokenizer = load_policy(agent.source.adapter_path, merge=False)
+        adapter_path = getattr(agent.source, "adapter_path", None)
+        if adapter_path is None:  # a `model:` or `endpoint:` sub-agent, or a new adapter: nothing saved to load
+            raise SystemExit(f"error: the oracle runs each specialist from its saved adapter; `{agent.name}` "
+                             "has no `adapter_path`")  # fmt: skip
+        model, tokenizer = load_policy(adapter_path, merge=False)
         _, answered = evaluate(model, tokenizer, agent.parts, correctness, mine, progress=False, correctness=name)
         right = [strictly_correct(r["final_answer"], r["row"]["answer"]) for r in answered]
         per_specialist[agent.name] = {"questions": len(mine), "strict_accuracy": sum(right) / len(mine)}
@@ -130,22 +134,39 @@ def trained_run(recipe: str, seed: int, output_dir: str, max_steps: int | None, 
     return {**after, "train_minutes": round(minutes, 1), "train_peak_memory_mb": peak_mb, "output_dir": output_dir}
 
 
+def trained_with(stem: str) -> dict[str, Any]:
+    """The recipe a specialist's run `<stem>` was trained with, as `bench learning` stored it beside the run
+    (`<stem>.json`); stops if there is none, or if it trained for other steps than its recipe says."""
+    stored = Path(f"{stem}.json")
+    if not stored.exists():
+        raise SystemExit(f"error: {stored} does not say what {stem} was trained with: train the specialist with "
+                         "`agentic-grpo bench learning`, which writes it")  # fmt: skip
+    key = json.loads(stored.read_text())["key"]
+    if key.get("max_steps") is not None:
+        raise SystemExit(f"error: {stem} was trained for --max-steps {key['max_steps']}, not its recipe's "
+                         "max_steps: the team's sampled trajectories would be miscounted")  # fmt: skip
+    return yaml.safe_load(key["recipe"])
+
+
 def specialist_runs(args: argparse.Namespace, recipes: dict[str, dict[str, Any]], seed: int) -> dict[str, Path]:
     """Each specialist's shipped `output_dir` -> its run directory of `seed`, trained by `bench learning`; stops
-    when a specialist is missing, or trained with other settings than the router runs it with."""
+    when a specialist is missing, or was trained with other settings than the router runs it with (what the run
+    was trained with, not the recipe as shipped today, which may have changed since)."""
     runs = {}
+    router = recipes["router"]
     for name in args.specialists:
         directory = Path(f"{args.specialists_prefix}-{name}-seed{seed}")
         if not (directory / "adapter_config.json").exists():
             raise SystemExit(f"error: no trained adapter in {directory}: train the specialist first with `agentic-grpo "
                              f"bench learning --recipe {name} --seeds {seed} --output-dir {args.specialists_prefix}`")  # fmt: skip
-        spec, router = recipes[name], recipes["router"]
+        spec = trained_with(str(directory))
         for entry in router.get("subagents") or []:
             differ = settings_differ(spec, entry, router) if entry.get("adapter_path") == spec["output_dir"] else []
             if differ:
-                raise SystemExit(f"error: `{name}` trains with other {differ} than the router's `{entry['name']}` "
-                                 "runs it with: the adapter the router asks would not be the one trained")  # fmt: skip
-        runs[spec["output_dir"]] = directory
+                raise SystemExit(f"error: {directory} was trained with other {differ} than the router's "
+                                 f"`{entry['name']}` runs it with: the adapter the router asks is not the one "
+                                 f"trained; retrain it with `agentic-grpo bench learning --recipe {name}`")  # fmt: skip
+        runs[recipes[name]["output_dir"]] = directory
     return runs
 
 

@@ -6,6 +6,7 @@ answers is noise, but which specialist (prompt, tools, adapter) each question re
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -15,7 +16,14 @@ import yaml
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentic_grpo.benchmarks.team import SPECIALISTS, oracle, router_over, settings_differ, trajectories_per_run
+from agentic_grpo.benchmarks.team import (
+    SPECIALISTS,
+    oracle,
+    router_over,
+    settings_differ,
+    specialist_runs,
+    trajectories_per_run,
+)
 from agentic_grpo.data import load_task_data
 from agentic_grpo.tools.toolbox import TeamToolbox
 from tests.helpers import ROOT
@@ -47,6 +55,40 @@ def test_each_specialist_trains_with_the_settings_the_router_runs_it_with():
     no_examples = {k: v for k, v in entry.items() if k != "format_kwargs"}
     assert settings_differ(bare, no_examples, router) == []
     assert settings_differ(arithmetic, no_examples, router) == ["format_kwargs"]
+
+
+def trained_like_bench_learning(stem: Path, recipe_text: str, max_steps: int | None = None) -> None:
+    """A specialist's run as `bench learning` leaves it: an adapter directory and, beside it, the stored result
+    whose key holds the recipe text it trained with."""
+    stem.mkdir(parents=True)
+    (stem / "adapter_config.json").write_text("{}")
+    key = {"recipe": recipe_text, "questions": 48, "k": 1, "max_steps": max_steps, "code": "x"}
+    Path(f"{stem}.json").write_text(json.dumps({"key": key, "value": {}}))
+
+
+def test_a_specialist_is_checked_against_the_recipe_its_run_was_trained_with(tmp_path):
+    recipes = {name: recipe(name) for name in SPECIALISTS} | {"router": recipe("team_router")}
+    args = argparse.Namespace(specialists=list(SPECIALISTS), specialists_prefix=str(tmp_path / "team"))
+    for name in SPECIALISTS:
+        trained_like_bench_learning(tmp_path / f"team-{name}-seed0", yaml.safe_dump(recipes[name]))
+    runs = specialist_runs(args, recipes, 0)
+    assert runs == {recipes[n]["output_dir"]: tmp_path / f"team-{n}-seed0" for n in SPECIALISTS}
+
+    # A run trained before the recipe gained its second example matches the shipped recipe, not its own training.
+    dates = recipes["team_dates"]
+    old = {**dates, "format_kwargs": {"example_turns": dates["format_kwargs"]["example_turns"][:1]}}
+    only_dates = argparse.Namespace(specialists=["team_dates"], specialists_prefix=args.specialists_prefix)
+    trained_like_bench_learning(tmp_path / "team-team_dates-seed1", yaml.safe_dump(old))
+    with pytest.raises(SystemExit, match=r"team-team_dates-seed1 was trained with other \['format_kwargs'\]"):
+        specialist_runs(only_dates, recipes, 1)
+    # Trained for fewer steps than its recipe: the team's trajectory count would be wrong.
+    trained_like_bench_learning(tmp_path / "team-team_dates-seed2", yaml.safe_dump(dates), max_steps=3)
+    with pytest.raises(SystemExit, match="--max-steps 3"):
+        specialist_runs(only_dates, recipes, 2)
+    # An adapter with no record of its training is refused, not assumed to match.
+    Path(f"{tmp_path}/team-team_dates-seed2.json").unlink()
+    with pytest.raises(SystemExit, match="does not say what"):
+        specialist_runs(only_dates, recipes, 2)
 
 
 def test_the_router_is_pointed_at_one_seeds_specialists():
@@ -108,3 +150,9 @@ def test_the_oracle_gives_each_question_to_the_specialist_its_row_names(tiny_mod
         assert f"- {tool_of[record['specialist']]}:" in system
         assert not any(f"- {t}:" in system for s, t in tool_of.items() if s != record["specialist"])
     assert result["strict_accuracy"] == sum(r["strict"] for r in records) / 6
+
+    # A sub-agent with no saved adapter (a new one, or another model) is refused with its name.
+    tiny["subagents"][0]["adapter_path"] = None
+    path.write_text(yaml.safe_dump(tiny))
+    with pytest.raises(SystemExit, match="`ask_arithmetic` has no `adapter_path`"):
+        oracle(str(path), 6, tmp_path / "oracle-none.json")
