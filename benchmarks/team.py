@@ -11,7 +11,11 @@ sub-agent `adapter_path` named the specialist recipe's `output_dir`):
   specialist its row names (`expected_tools`), that specialist's final answer scored: the ceiling of routing;
 - **trained**: the router trained by its recipe;
 - **generalist**: one adapter trained by `--generalist` (the router's question mixture, every specialist's
-  tool) for as many sampled trajectories as the specialists and the router together.
+  tool) for as many sampled trajectories as the specialists and the router together;
+- **cotrained**: the router trained together with the specialist `--cotrain` names, which starts untrained (a
+  new adapter, `train: true`), the other specialists frozen as in `trained`, for as many sampled trajectories as
+  that specialist's training and the router's together: against `trained`, where the two learn one after the
+  other.
 
 Every arm is scored strictly on the router's held-out questions (`benchmarks/learning.py`: the final answer is
 the reference itself). Each evaluation's trajectories are kept beside its result. Finished arms are kept
@@ -20,6 +24,7 @@ can be run an arm at a time (`--arms`).
 
     agentic-grpo bench team --seeds 0 1 2                          # every arm, three seeds
     agentic-grpo bench team --seeds 0 --arms untrained oracle       # the two arms that train nothing
+    agentic-grpo bench team --seeds 0 --arms trained cotrained      # one after the other, against together
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from agentic_grpo.benchmarks._stored import cached
 from agentic_grpo.benchmarks.learning import held_out, pinned_training_rows, strictly_correct, train
 from agentic_grpo.subagents.spec import SubAgentConfig
 
-ARMS = ("untrained", "oracle", "trained", "generalist")
+ARMS = ("untrained", "oracle", "trained", "generalist", "cotrained")
 SPECIALISTS = ("team_arithmetic", "team_units", "team_dates")
 
 
@@ -90,6 +95,18 @@ def router_over(router: dict[str, Any], specialists: dict[str, str]) -> dict[str
         for entry in found:
             entry["adapter_path"] = trained
     return {**router, "subagents": entries}
+
+
+def cotrained_router(router: dict[str, Any], specialist: str, steps: int, learning_rate: float) -> dict[str, Any]:
+    """The router recipe with the sub-agent that loads `specialist` (its shipped output_dir) turned into a new
+    adapter trained with the router (`train: true`, at the specialist recipe's `learning_rate`), for `steps`."""
+    entries = [dict(entry) for entry in router.get("subagents") or []]
+    found = [e for e in entries if e.get("adapter_path") == specialist]
+    if len(found) != 1:
+        raise ValueError(f"co-training needs one router sub-agent that loads `{specialist}`; {len(found)} do")
+    found[0].pop("adapter_path")
+    found[0].update(train=True, learning_rate=learning_rate)
+    return {**router, "subagents": entries, "max_steps": steps}
 
 
 def oracle(router_recipe: str, questions: int, report: Path) -> dict[str, Any]:
@@ -201,7 +218,7 @@ def run_seed(
         "seed": seed,
         "specialists": {name: str(d) for name, d in zip(args.specialists, specialists.values(), strict=True)},
     }
-    for arm in [a for a in ARMS if a in args.arms and a != "generalist"]:
+    for arm in [a for a in ARMS if a in args.arms and a in arms]:
         result[arm] = cached(runs.with_name(f"{runs.name}-{arm}.json"), key, arms[arm])
     sampled = trajectories_per_run(router_spec, "router")
     sampled += sum(trajectories_per_run(recipes[n], n) for n in args.specialists)
@@ -216,6 +233,25 @@ def run_seed(
             **cached(runs.with_name(f"{runs.name}-generalist.json"), text, measure),
             "steps": steps,
         }
+    if "cotrained" in args.arms:
+        name = args.cotrain
+        if name not in args.specialists:
+            raise SystemExit(f"error: --cotrain {name} is not one of the team's --specialists {args.specialists}")
+        together = trajectories_per_run(router_spec, "router") + trajectories_per_run(recipes[name], name)
+        steps = math.ceil(together / trajectories_per_run({**router_spec, "max_steps": 1}, "router"))
+        spec = recipes[name]
+        cotrain = cotrained_router(yaml.safe_load(Path(router).read_text()), str(specialists[spec["output_dir"]]),
+                                   steps, spec.get("learning_rate", router_spec.get("learning_rate")))  # fmt: skip
+        recipe = runs.with_name(f"{runs.name}-cotrained.yaml")
+        recipe.write_text(yaml.safe_dump(cotrain, sort_keys=False))
+        frozen = {str(d): adapter_digest(d) for d in specialists.values() if d != specialists[spec["output_dir"]]}
+        text = {"questions": args.questions, "seed": seed, "recipe": recipe.read_text(), "specialists": frozen}
+        measure = functools.partial(trained_run, str(recipe), seed, str(runs / "cotrained"), None, args.questions)
+        result["cotrained"] = {
+            **cached(runs.with_name(f"{runs.name}-cotrained.json"), text, measure),
+            "steps": steps,
+            "cotrained_specialist": name,
+        }
     return result
 
 
@@ -227,6 +263,9 @@ def main() -> int:
     parser.add_argument("--specialists", nargs="+", default=list(SPECIALISTS),
                         help="the specialists' recipes, trained first (default: %(default)s)")  # fmt: skip
     parser.add_argument("--generalist", default="team_generalist", help="the generalist's recipe")
+    parser.add_argument("--cotrain", default="team_units",
+                        help="the specialist the `cotrained` arm trains with the router, from untrained (default: "
+                             "%(default)s)")  # fmt: skip
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="arms to measure (default: all)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds (default: 0 1 2)")
     parser.add_argument("--questions", type=int, default=48, help="held-out questions to evaluate")

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentic_grpo.benchmarks.team import (
     SPECIALISTS,
+    cotrained_router,
     oracle,
     router_over,
     settings_differ,
@@ -156,3 +157,34 @@ def test_the_oracle_gives_each_question_to_the_specialist_its_row_names(tiny_mod
     path.write_text(yaml.safe_dump(tiny))
     with pytest.raises(SystemExit, match="`ask_arithmetic` has no `adapter_path`"):
         oracle(str(path), 6, tmp_path / "oracle-none.json")
+
+
+def test_the_cotrained_arm_trains_one_specialist_from_new_with_the_router_the_others_frozen(tiny_model_dir, tmp_path):
+    from agentic_grpo.run_parts import build_recipe
+
+    router = recipe("team_router")
+    paths = {e["adapter_path"]: save_specialist(tiny_model_dir, tmp_path / e["adapter"], seed=i)
+             for i, e in enumerate(router["subagents"])}  # fmt: skip
+    seeds = router_over(router, paths)
+    together = cotrained_router(seeds, paths["outputs/team/units"], steps=46, learning_rate=1e-4)
+    assert together["max_steps"] == 46
+    units = together["subagents"][1]
+    assert units["name"] == "ask_units" and "adapter_path" not in units and units["train"] is True
+    assert [e.get("adapter_path") for e in together["subagents"]] == [paths["outputs/team/arithmetic"], None,
+                                                                       paths["outputs/team/dates"]]  # fmt: skip
+    assert "train" not in seeds["subagents"][1]  # the seed's router recipe is left as it is
+    with pytest.raises(ValueError, match="one router sub-agent that loads `outputs/team/units`; 0 do"):
+        cotrained_router(seeds, "outputs/team/units", 46, 1e-4)  # the shipped path: this seed's router loads another
+
+    tiny = {
+        **together,
+        "model_name_or_path": tiny_model_dir,
+        "dataset": {**router["dataset"], "num_train": 4, "num_test": 2},
+    }
+    path = tmp_path / "cotrained.yaml"
+    path.write_text(yaml.safe_dump(tiny))
+    built = build_recipe(["--config", str(path), "--output_dir", str(tmp_path / "run")])
+    agents = {a.name: a for a in built.rollout_parts.agents}
+    assert [n for n, a in agents.items() if a.train] == ["ask_units"]
+    assert agents["ask_units"].source.adapter_path is None  # a new adapter, not the trained specialist's
+    assert agents["ask_arithmetic"].source.adapter_path == paths["outputs/team/arithmetic"]
