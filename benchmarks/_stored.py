@@ -2,7 +2,9 @@
 
 A stored result is reused only for the same key (recipe, budget) and the same code: the key carries a
 digest of the installed agentic_grpo package's Python files, so a result measured before a code change
-is measured again rather than reported as today's.
+is measured again rather than reported as today's. A training run that was interrupted resumes from its last
+checkpoint, which continues it exactly (docs/outputs_and_resume.md), when it is the same command on the same
+recipe text.
 """
 
 from __future__ import annotations
@@ -41,3 +43,25 @@ def cached(path: Path, key: dict[str, Any], compute: Callable[[], dict[str, Any]
     value = compute()
     path.write_text(json.dumps({"key": key, "value": value}, indent=2) + "\n")
     return value
+
+
+STAMP = "bench_run.json"
+"""What a benchmark's training run was started as, in its output_dir: the command and a digest of the recipe."""
+
+
+def training_stamp(command: list[str], recipe: str) -> dict[str, Any]:
+    """The identity of a training run: its command and its recipe file's text (a digest)."""
+    return {"command": command, "recipe": hashlib.sha256(Path(recipe).read_bytes()).hexdigest()}
+
+
+def resumable(output_dir: str, stamp: dict[str, Any]) -> bool:
+    """Whether `output_dir` holds an interrupted run of this very training (the same stamp) with a checkpoint to
+    resume: run.json says it never completed. A finished run, another recipe or command, or no checkpoint: train
+    anew."""
+    folder = Path(output_dir)
+    if not (folder / STAMP).exists() or not any(folder.glob("checkpoint-*")):
+        return False
+    if json.loads((folder / STAMP).read_text()) != stamp:
+        return False
+    run = folder / "run.json"
+    return run.exists() and json.loads(run.read_text()).get("status") != "completed"

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentic_grpo.benchmarks._stored import cached
+from agentic_grpo.benchmarks._stored import STAMP, cached, resumable, training_stamp
 
 
 def strictly_correct(final_answer: str | None, gold: Any) -> bool:
@@ -104,15 +104,25 @@ VLLM_SAMPLING = ["--use_vllm", "true", "--vllm_gpu_memory_utilization", "0.3"]
 def train(
     recipe: str, seed: int, output_dir: str, max_steps: int | None, engine: str = "hf", staleness: int | None = None
 ) -> tuple[float, int]:
-    """Train one run in a child process; returns its minutes and its peak resident memory in MB."""
+    """Train one run in a child process; returns its minutes and its peak resident memory in MB. A run of the same
+    command and recipe interrupted in `output_dir` resumes from its last checkpoint (the minutes are then this
+    process's share)."""
     command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", recipe, "--seed", str(seed),
-               "--output_dir", output_dir, "--eval_before_after", "false", "--overwrite_output_dir", "true"]  # fmt: skip
+               "--output_dir", output_dir, "--eval_before_after", "false"]  # fmt: skip
     if engine == "vllm":
         command += VLLM_SAMPLING
     if staleness is not None:
         command += ["--async_rollouts", f"{{max_staleness: {staleness}}}"]
     if max_steps:
         command += ["--max_steps", str(max_steps)]
+    stamp = training_stamp(command[1:], recipe)
+    if resumable(output_dir, stamp):
+        print(f"{output_dir}: resuming an interrupted run of this training from its last checkpoint", file=sys.stderr)
+        command += ["--resume_from_checkpoint", "last"]
+    else:
+        command += ["--overwrite_output_dir", "true"]
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / STAMP).write_text(json.dumps(stamp) + "\n")
     start = time.time()
     child = subprocess.Popen(command, stdout=sys.stderr)  # stdout carries only the JSON
     _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not the largest of all children

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -68,3 +69,58 @@ def test_a_routing_recipe_reports_routing_and_selection_accuracy_beside_strict_a
                  tmp_path / "run-tiny_routing-before-eval.trajectories.jsonl"):  # fmt: skip
         records = [json.loads(line) for line in path.read_text().splitlines()]
         assert len(records) == 3 and all("segments" in r and r["row"]["kind"] for r in records)
+
+
+def test_only_an_interrupted_run_of_the_same_training_is_resumed(tmp_path):
+    from agentic_grpo.benchmarks._stored import STAMP, resumable, training_stamp
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_steps: 4\n")
+    run = tmp_path / "run"
+    (run / "checkpoint-2").mkdir(parents=True)
+    stamp = training_stamp(["train", "--config", str(recipe), "--seed", "0"], str(recipe))
+    (run / STAMP).write_text(json.dumps(stamp))
+    (run / "run.json").write_text(json.dumps({"status": "running"}))  # killed: never marked otherwise
+    assert resumable(str(run), stamp)
+
+    assert not resumable(str(run), training_stamp(["train", "--config", str(recipe), "--seed", "1"], str(recipe)))
+    recipe.write_text("max_steps: 8\n")  # the same path, another recipe: its checkpoint is another training's
+    assert not resumable(str(run), training_stamp(["train", "--config", str(recipe), "--seed", "0"], str(recipe)))
+    recipe.write_text("max_steps: 4\n")
+    (run / "run.json").write_text(json.dumps({"status": "completed"}))
+    assert not resumable(str(run), stamp)  # finished: a new measurement trains anew
+    (run / "run.json").write_text(json.dumps({"status": "failed"}))
+    assert resumable(str(run), stamp)
+    (run / "checkpoint-2").rmdir()
+    assert not resumable(str(run), stamp)  # nothing saved to go on from
+    (run / "checkpoint-2").mkdir()
+    (run / STAMP).unlink()
+    assert not resumable(str(run), stamp)  # a run no benchmark started, or started before stamps
+
+
+@pytest.mark.integration
+def test_an_interrupted_training_run_resumes_from_its_last_checkpoint(tmp_path):
+    import yaml
+
+    from agentic_grpo.benchmarks.learning import train
+    from agentic_grpo.resources import find_shipped
+
+    recipe = yaml.safe_load(find_shipped("ci_tiny", "recipes", ".yaml").read_text())
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**recipe, "save_steps": 1}))
+    run = tmp_path / "run"
+    train(str(path), 0, str(run), None)
+    uninterrupted = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # As a kill after step 1's checkpoint leaves it: step 2's checkpoint not written, run.json still running.
+    shutil.rmtree(run / "checkpoint-2")
+    (run / "run.json").write_text(json.dumps({**json.loads((run / "run.json").read_text()), "status": "running"}))
+
+    train(str(path), 0, str(run), None)
+
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and "--resume_from_checkpoint" in info["argv"]
+    resumed = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [(m["step"], m["loss"]) for m in resumed if "loss" in m]
+    assert [step for step, _ in losses] == [1, 2]  # step 1 kept, step 2 trained again, from step 1's checkpoint
+    assert losses == [(m["step"], m["loss"]) for m in uninterrupted if "loss" in m]
+    assert (run / "checkpoint-2").exists()
