@@ -16,7 +16,8 @@ rows with a secret seed per run.
 
 Nothing finished is done twice: the untrained model's result and each seed's are kept next to the
 run directories (`<prefix>-<recipe>-before.json`, `<prefix>-<recipe>-seedN.json`) and reused when
-the recipe and budget match, so an interrupted benchmark picks up at the seed it stopped in.
+the recipe and budget match, so an interrupted benchmark picks up at the seed it stopped in; a training run it
+stopped in resumes from its last checkpoint (the same command on the same recipe text), which continues it exactly.
 
 Strict scoring: a trajectory is correct only when its final answer, from a complete turn,
 is the reference number itself (commas, `$`, a unit word or a trailing period allowed; an
