@@ -4,7 +4,7 @@ A stored result is reused only for the same key (recipe, budget) and the same co
 digest of the installed agentic_grpo package's Python files, so a result measured before a code change
 is measured again rather than reported as today's. A training run that was interrupted resumes from its last
 checkpoint, which continues it exactly (docs/outputs_and_resume.md), when it is the same command on the same
-recipe text.
+recipe text and training code.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from typing import Any
 
 
 @functools.cache
-def code_digest() -> str:
-    """A short digest of every `.py` file of the agentic_grpo package (tools, rewards and benchmarks included)."""
+def code_digest(benchmarks: bool = True) -> str:
+    """A short digest of every `.py` file of the agentic_grpo package (tools and rewards included, and the
+    benchmarks unless `benchmarks` is false: then it is the digest of the code a training run runs)."""
     import agentic_grpo
 
     digest = hashlib.sha256()
     roots = [Path(p) for p in agentic_grpo.__path__]
-    for sub in ("tools", "rewards", "benchmarks"):
+    for sub in ("tools", "rewards", *(["benchmarks"] if benchmarks else [])):
         module = __import__(f"agentic_grpo.{sub}", fromlist=["__path__"])
         roots += [Path(p) for p in module.__path__]
     for root in roots:
@@ -50,8 +51,10 @@ STAMP = "bench_run.json"
 
 
 def training_stamp(command: list[str], recipe: str) -> dict[str, Any]:
-    """The identity of a training run: its command and its recipe file's text (a digest)."""
-    return {"command": command, "recipe": hashlib.sha256(Path(recipe).read_bytes()).hexdigest()}
+    """The identity of a training run: its command, its recipe file's text and the training code (digests); a run
+    resumed under other code would not continue what it started."""
+    recipe_digest = hashlib.sha256(Path(recipe).read_bytes()).hexdigest()
+    return {"command": command, "recipe": recipe_digest, "code": code_digest(benchmarks=False)}
 
 
 def resumable(output_dir: str, stamp: dict[str, Any]) -> bool:

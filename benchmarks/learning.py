@@ -17,7 +17,8 @@ rows with a secret seed per run.
 Nothing finished is done twice: the untrained model's result and each seed's are kept next to the
 run directories (`<prefix>-<recipe>-before.json`, `<prefix>-<recipe>-seedN.json`) and reused when
 the recipe and budget match, so an interrupted benchmark picks up at the seed it stopped in; a training run it
-stopped in resumes from its last checkpoint (the same command on the same recipe text), which continues it exactly.
+stopped in resumes from its last checkpoint (the same command, recipe text and training code), which continues it
+exactly.
 
 Strict scoring: a trajectory is correct only when its final answer, from a complete turn,
 is the reference number itself (commas, `$`, a unit word or a trailing period allowed; an
@@ -106,8 +107,8 @@ def train(
     recipe: str, seed: int, output_dir: str, max_steps: int | None, engine: str = "hf", staleness: int | None = None
 ) -> tuple[float, int]:
     """Train one run in a child process; returns its minutes and its peak resident memory in MB. A run of the same
-    command and recipe interrupted in `output_dir` resumes from its last checkpoint (the minutes are then this
-    process's share)."""
+    command, recipe and training code interrupted in `output_dir` resumes from its last checkpoint (the minutes are
+    then this process's share)."""
     command = [sys.executable, "-m", "agentic_grpo.cli", "train", "--config", recipe, "--seed", str(seed),
                "--output_dir", output_dir, "--eval_before_after", "false"]  # fmt: skip
     if engine == "vllm":

@@ -87,6 +87,7 @@ def test_only_an_interrupted_run_of_the_same_training_is_resumed(tmp_path):
     recipe.write_text("max_steps: 8\n")  # the same path, another recipe: its checkpoint is another training's
     assert not resumable(str(run), training_stamp(["train", "--config", str(recipe), "--seed", "0"], str(recipe)))
     recipe.write_text("max_steps: 4\n")
+    assert not resumable(str(run), {**stamp, "code": "another"})  # the training code changed since it started
     (run / "run.json").write_text(json.dumps({"status": "completed"}))
     assert not resumable(str(run), stamp)  # finished: a new measurement trains anew
     (run / "run.json").write_text(json.dumps({"status": "failed"}))
