@@ -316,15 +316,23 @@ except OSError as exc:
     print(json.dumps({{"started": started, "limited": str(exc)}}), flush=True)
 {wake}"""
 # A process's CPU clock is checked only while it runs: wake the launcher (it reaps every orphan
-# re-parented to it) until the kernel kills it, and us with it (our parent-death signal).
+# re-parented to it) until the kernel kills it, and us with it (our parent-death signal). A fork refused at the
+# slot's process limit is retried: its traceback in stderr would read as the launcher's cleanup crashing.
 _WAKE_LAUNCHER = """
 import time
 end = time.monotonic() + 3
 while time.monotonic() < end:
-    if os.fork() == 0:
-        if os.fork() == 0:
+    try:
+        child = os.fork()
+    except BlockingIOError:  # the process limit, until the launcher reaps the orphans: not the launcher's crash
+        time.sleep(0.01)
+        continue
+    if child == 0:
+        try:
+            if os.fork() == 0:
+                os._exit(0)
+        finally:
             os._exit(0)
-        os._exit(0)
     os.wait()
 print(json.dumps({"started": started, "launcher_survived": True}), flush=True)
 """
