@@ -47,7 +47,7 @@ def cached(path: Path, key: dict[str, Any], compute: Callable[[], dict[str, Any]
 
 
 STAMP = "bench_run.json"
-"""What a benchmark's training run was started as, in its output_dir: the command and a digest of the recipe."""
+"""What a benchmark's training run was started as, in its output_dir: `training_stamp`'s command and digests."""
 
 
 def training_stamp(command: list[str], recipe: str) -> dict[str, Any]:

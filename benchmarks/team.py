@@ -61,6 +61,11 @@ def trajectories_per_run(recipe: dict[str, Any], where: str) -> int:
     return recipe["max_steps"] * recipe["per_device_train_batch_size"] * recipe["gradient_accumulation_steps"]
 
 
+def steps_for(trajectories: int, recipe: dict[str, Any], where: str) -> int:
+    """Optimizer steps a one-process run of `recipe` takes to sample at least `trajectories`."""
+    return math.ceil(trajectories / trajectories_per_run({**recipe, "max_steps": 1}, where))
+
+
 SUBAGENT_SETTINGS = ("environment", "format", "format_kwargs", "max_turns", "max_tokens_per_turn",
                      "max_completion_length", "max_tool_output_tokens")  # fmt: skip
 SUBAGENT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SubAgentConfig)}
@@ -220,12 +225,11 @@ def run_seed(
     }
     for arm in [a for a in ARMS if a in args.arms and a in arms]:
         result[arm] = cached(runs.with_name(f"{runs.name}-{arm}.json"), key, arms[arm])
-    sampled = trajectories_per_run(router_spec, "router")
-    sampled += sum(trajectories_per_run(recipes[n], n) for n in args.specialists)
+    routed = trajectories_per_run(router_spec, "router")
+    sampled = routed + sum(trajectories_per_run(recipes[n], n) for n in args.specialists)
     result["team_trajectories"] = sampled
     if "generalist" in args.arms:
-        per_step = trajectories_per_run({**recipes["generalist"], "max_steps": 1}, "generalist")
-        steps = math.ceil(sampled / per_step)
+        steps = steps_for(sampled, recipes["generalist"], "generalist")
         recipe = pinned_training_rows(shipped["generalist"], runs.with_name(f"{runs.name}-generalist.yaml"))
         measure = functools.partial(trained_run, recipe, seed, str(runs / "generalist"), steps, args.questions)
         text = {"questions": args.questions, "seed": seed, "recipe": Path(recipe).read_text(), "max_steps": steps}
@@ -237,14 +241,14 @@ def run_seed(
         name = args.cotrain
         if name not in args.specialists:
             raise SystemExit(f"error: --cotrain {name} is not one of the team's --specialists {args.specialists}")
-        together = trajectories_per_run(router_spec, "router") + trajectories_per_run(recipes[name], name)
-        steps = math.ceil(together / trajectories_per_run({**router_spec, "max_steps": 1}, "router"))
         spec = recipes[name]
-        cotrain = cotrained_router(yaml.safe_load(Path(router).read_text()), str(specialists[spec["output_dir"]]),
-                                   steps, spec.get("learning_rate", router_spec.get("learning_rate")))  # fmt: skip
+        own = specialists[spec["output_dir"]]  # this seed's run of it: the sub-agent entry that loads it trains anew
+        steps = steps_for(routed + trajectories_per_run(spec, name), router_spec, "router")
+        cotrain = cotrained_router(yaml.safe_load(Path(router).read_text()), str(own), steps,
+                                   spec.get("learning_rate", router_spec.get("learning_rate")))  # fmt: skip
         recipe = runs.with_name(f"{runs.name}-cotrained.yaml")
         recipe.write_text(yaml.safe_dump(cotrain, sort_keys=False))
-        frozen = {str(d): adapter_digest(d) for d in specialists.values() if d != specialists[spec["output_dir"]]}
+        frozen = {str(d): adapter_digest(d) for d in specialists.values() if d != own}
         text = {"questions": args.questions, "seed": seed, "recipe": recipe.read_text(), "specialists": frozen}
         measure = functools.partial(trained_run, str(recipe), seed, str(runs / "cotrained"), None, args.questions)
         result["cotrained"] = {

@@ -6,7 +6,8 @@ Test modules import from here (or from the support modules beside it: `scripted`
 
 Lanes (markers in pyproject.toml): a test that starts a separate process (through the launchers below, a
 two-process `accelerate launch`, a wheel install, the llama.cpp server fixtures) or trains for several steps
-in-process is marked `integration`, a lane of its own (`pytest -m 'integration and not slow and not vllm'`); plain `pytest` leaves it out.
+in-process is marked `integration`, a lane of its own (`pytest -m 'integration and not slow and not vllm'`);
+plain `pytest` leaves it out.
 """
 
 from __future__ import annotations

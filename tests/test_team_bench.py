@@ -23,6 +23,7 @@ from agentic_grpo.benchmarks.team import (
     router_over,
     settings_differ,
     specialist_runs,
+    steps_for,
     trajectories_per_run,
 )
 from agentic_grpo.data import load_task_data
@@ -112,6 +113,10 @@ def test_the_generalist_answers_the_routers_questions_with_every_specialists_too
     assert tools == {"calculator", "convert_units", "date_calculator"}
     assert trajectories_per_run(recipe("team_arithmetic"), "x") == 20 * 8
     assert trajectories_per_run(router, "x") == router["max_steps"] * 16
+    team = trajectories_per_run(router, "x") + sum(trajectories_per_run(recipe(n), n) for n in SPECIALISTS)
+    assert steps_for(team, generalist, "x") == 66  # 576 + 3 x 160 = 1056 trajectories, 16 a step
+    assert steps_for(576 + 160, router, "x") == 46  # the cotrained arm: the router's and one specialist's
+    assert steps_for(577, router, "x") == 37  # a part step is a whole one: never fewer trajectories
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
         trajectories_per_run({"max_steps": 3, "per_device_train_batch_size": 8}, "mine")
 
