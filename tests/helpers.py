@@ -101,19 +101,22 @@ def write_recipe(tmp_path: Path, **changes: Any) -> Path:
     return path
 
 
-def require_vllm() -> None:
-    """At a vLLM test module's top: skip it where vLLM is not installed, except under CI, where that skip would hide
-    that the vllm lane never ran: fail there."""
-    import importlib.util
-
+def missing(what: str, fix: str, *, module: bool = False) -> None:
+    """Skip the test (with `module`, its whole module) because `what` is not on this machine, except under CI,
+    where CI's setup installs it and a skip would hide that the test never ran: fail there."""
     import pytest
 
-    if importlib.util.find_spec("vllm") is not None:
-        return
     if os.environ.get("CI"):
-        pytest.fail("vLLM is not installed, and CI must run the vllm lane: WITH_VLLM=1 bash scripts/setup.sh",
-                    pytrace=False)  # fmt: skip
-    pytest.skip("vLLM is not installed (WITH_VLLM=1 bash scripts/setup.sh)", allow_module_level=True)
+        pytest.fail(f"{what} is missing, and CI must run this test: {fix}", pytrace=False)
+    pytest.skip(f"{what} is missing ({fix})", allow_module_level=module)
+
+
+def require_vllm() -> None:
+    """At a vLLM test module's top: skip it where vLLM is not installed (under CI: fail, see `missing`)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        missing("vLLM", "WITH_VLLM=1 bash scripts/setup.sh", module=True)
 
 
 # --- a trainer in this process ---------------------------------------------------------------------------

