@@ -92,6 +92,29 @@ def test_the_childs_answer_is_the_observation_and_the_child_is_kept_under_its_pa
     assert saved["final_answer"] == child.final_answer
 
 
+def test_a_task_column_gives_the_child_the_rows_question_whatever_the_parent_writes(tmp_path, tiny_model_dir,
+                                                                                       tokenizer):  # fmt: skip
+    parts = build_rollout_parts(recipe(tmp_path, helper(tiny_model_dir, task_column="question")))
+    assert "- helper: Answers a sub-task. Arguments: {}" in parts.trajectory_format.system_prompt()
+    bare = "Action: helper\nAction Input: {}\nObservation:"
+    rows = [{"case": "bare", "question": "How many days from 2024-01-05 to 2024-03-01?"},
+            {"case": "ask", "question": "What is 7 * 6?"}]  # fmt: skip
+    bare_parent, asking_parent = rollout(parts, tokenizer, {"bare": [bare, DONE], "ask": [ASK, DONE]},
+                                         ["bare", "ask"], rows=rows)  # fmt: skip
+    # The parent's own wording of the task (ASK's "What is 12 * 34?") never reaches the child.
+    assert [p.children[0].delegation.row for p in (bare_parent, asking_parent)] == [
+        {"question": "How many days from 2024-01-05 to 2024-03-01?"},
+        {"question": "What is 7 * 6?"},
+    ]
+    assert all(p.tool_calls[0][1].ok for p in (bare_parent, asking_parent))
+
+
+def test_a_task_column_the_rows_lack_stops_the_rollout_naming_it(tmp_path, tiny_model_dir, tokenizer):
+    parts = build_rollout_parts(recipe(tmp_path, helper(tiny_model_dir, task_column="prompt_text")))
+    with pytest.raises(KeyError, match="`task_column` `prompt_text` is not a column"):
+        rollout(parts, tokenizer, {"ask": [ASK, DONE]}, ["ask"])
+
+
 def test_bad_arguments_to_a_subagent_are_an_observation_and_start_no_child(tmp_path, tiny_model_dir, tokenizer):
     parts = build_rollout_parts(recipe(tmp_path, helper(tiny_model_dir)))
     bad = 'Action: helper\nAction Input: {"question": "12 * 34"}\nObservation:'

@@ -1,6 +1,7 @@
 """A sub-agent: another policy's whole multi-turn rollout, offered to the parent as one tool.
 
-The parent sees a tool `name(task: str)` described by `description`. A call runs the sub-agent's own
+The parent sees a tool `name(task: str)` described by `description` (or `name()`, whose task is a column of
+the parent's dataset row, when the parent only chooses whom to ask). A call runs the sub-agent's own
 rollout on the task (its own system prompt, tools, budgets and sandbox slots) and returns its final
 answer as the call's observation. The child's trajectory is kept under the parent's
 (`Trajectory.children`, with a `Delegation` saying who called it with what); its tokens are never part
@@ -49,6 +50,8 @@ class SubAgent:
         train: its LoRA adapter trains with the policy (`agentic_grpo.subagents.cotrain`); otherwise frozen.
         learning_rate: its adapter's learning rate when trained (None: the run's).
         rewards: its own (reward function, weight) pairs when trained, added to the shared outcome reward.
+        task_column: the column of the parent's dataset row that is its task: the tool then takes no arguments
+            (any given are ignored); None: the parent writes the task as the tool's `task` argument.
     """
 
     name: str
@@ -59,6 +62,7 @@ class SubAgent:
     train: bool = False
     learning_rate: float | None = None
     rewards: tuple[tuple[Any, float], ...] = ()
+    task_column: str | None = None
 
     @staticmethod
     def delegate(*args: Any) -> DelegatedCalls:
@@ -67,17 +71,17 @@ class SubAgent:
 
     def tool_schema(self) -> dict[str, Any]:
         """The JSON schema the parent's format describes the tool with."""
+        if self.task_column:  # the task is the row's: nothing to give, and nothing given is refused
+            parameters = {"type": "object", "properties": {}, "additionalProperties": True}
+        else:
+            parameters = {
+                "type": "object",
+                "properties": {"task": {"type": "string", "description": TASK_DESCRIPTION}},
+                "required": ["task"],
+            }
         return {
             "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": {
-                    "type": "object",
-                    "properties": {"task": {"type": "string", "description": TASK_DESCRIPTION}},
-                    "required": ["task"],
-                },
-            },
+            "function": {"name": self.name, "description": self.description, "parameters": parameters},
         }
 
     @property
@@ -90,8 +94,18 @@ class SubAgent:
         """The LoRA adapter its turns are generated under, when it runs on the policy's base model."""
         return self.source.adapter if isinstance(self.source, PolicySource) else None
 
-    def task_row(self, task: str, parent_row: dict[str, Any]) -> dict[str, Any]:
-        return {**{c: parent_row[c] for c in self.row_columns if c in parent_row}, "question": task}
+    def task_row(self, call: ToolCall, parent_row: dict[str, Any]) -> dict[str, Any]:
+        """The sub-task's row for a call with valid arguments: its task as `question`, and the `row_columns`."""
+        if self.task_column is None:
+            task = call.arguments["task"]
+        elif self.task_column in parent_row:
+            task = parent_row[self.task_column]
+        else:
+            raise KeyError(
+                f"sub-agent `{self.name}`: its `task_column` `{self.task_column}` is not a column of the dataset's "
+                f"rows (they have {sorted(parent_row)})"
+            )
+        return {**{c: parent_row[c] for c in self.row_columns if c in parent_row}, "question": str(task)}
 
     def answer(
         self, calls: list[ToolCall], parent_rows: list[dict[str, Any]], places: list[tuple[int, int]],
@@ -111,7 +125,7 @@ class SubAgent:
                 answers[k] = (ToolResult(output=message, error=message), None)
             else:
                 valid.append(k)
-        rows = [self.task_row(str(calls[k].arguments["task"]), parent_rows[k]) for k in valid]
+        rows = [self.task_row(calls[k], parent_rows[k]) for k in valid]
         children: list[Trajectory] = []
         if rows:
             try:

@@ -108,6 +108,12 @@ class SubAgentConfig:
         default_factory=list,
         metadata={"help": "Columns of the policy's dataset row given to the sub-task's row (the task is `question`)."},
     )
+    task_column: str | None = field(
+        default=None,
+        metadata={"help": "A column of the policy's dataset row that is the sub-agent's task (e.g. `question`): the "
+                  "tool takes no arguments (any the policy writes are ignored) and the policy chooses only whom to "
+                  "ask, as a router does. Default: the policy writes the task (the tool's `task` argument)."},
+    )  # fmt: skip
     subagents: list[dict] | None = field(default=None, metadata={"help": "Its own sub-agents (local models only)."})
 
 
@@ -196,7 +202,7 @@ def build_subagent(spec: SubAgentConfig, parent: Any, build_parts: Callable[...,
     rewards = _role_rewards(spec, parent, where) if spec.rewards else ()
     return SubAgent(
         spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns), spec.train, spec.learning_rate,
-        rewards,
+        rewards, spec.task_column,
     )  # fmt: skip
 
 
