@@ -16,7 +16,7 @@ from agentic_grpo.advantages import RewardValueError, checking_values
 from agentic_grpo.reward_setup import check_reward_values_present, guard_rewards
 from agentic_grpo.trainer import AgenticGRPOTrainer
 from tests.scripted import ScriptedBackend, case_prompt
-from tests.test_trainer_setup import SCRIPTS, config, exact
+from tests.trainer_support import SCRIPTS, config, exact
 
 
 def returning(*values):

@@ -8,28 +8,10 @@ from types import SimpleNamespace
 import pytest
 from datasets import Dataset
 
-from agentic_grpo.config import AgenticGRPOConfig
 from agentic_grpo.trainer import AgenticGRPOTrainer
 from agentic_grpo.trainer_checks import check_trainer_setup
 from tests.scripted import ScriptedBackend, case_prompt
-
-CODE = 'Action: python\nAction Input: {"code": "print(6 * 7)"}\nObservation:'
-SCRIPTS = {"code": [CODE, "Final Answer: 42<|im_end|>"], "direct": ["Final Answer: 41<|im_end|>"]}
-
-
-def exact(prompts, completions, trajectory, answer, **_):
-    return [float(t.final_answer == a) for t, a in zip(trajectory, answer, strict=False)]
-
-
-def config(tmp_path, **overrides) -> AgenticGRPOConfig:
-    fields = dict(
-        output_dir=str(tmp_path), environment="agentic_grpo.tools.python:PythonInterpreter", num_generations=2,
-        per_device_train_batch_size=4, max_completion_length=96, max_tokens_per_turn=48, beta=0.0,
-        gradient_checkpointing=False, report_to=[], save_strategy="no", save_trajectories_steps=0, seed=0,
-        max_steps=1, logging_steps=1,
-    )  # fmt: skip
-    fields.update(overrides)
-    return AgenticGRPOConfig(**fields)
+from tests.trainer_support import SCRIPTS, config, exact
 
 
 class RecordingBackend(ScriptedBackend):
