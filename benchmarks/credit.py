@@ -14,6 +14,11 @@ split (greedy pass@1) for strict accuracy: the right answer, with every turn in 
 under each accuracy-vs-step curve (trapezoids, divided by the steps, so 1.0 = always right) sums a run.
 Writes `credit.json` and `credit.png` to the output directory.
 
+`--start-from ADAPTER` warm-starts every arm: the saved LoRA adapter (e.g. a trained calculator agent's) is
+merged into its base once, and that model is step 0, each arm's starting weights under a new adapter, and its
+KL reference. A cold model earns few per-turn rewards to assign; a warm one earns them in a fair share of its
+trajectories.
+
 Nothing finished is done twice: each run's curve is kept in `ARM-seedN.json` (and the untrained
 model's point in `start.json`) and reused when the budget matches, so an interrupted benchmark picks
 up where it stopped, and arms run by separate invocations (`--arms turn`) into one directory are
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import math
 import subprocess
@@ -62,6 +68,25 @@ def arm_recipe(base: dict[str, Any], arm: str, seed: int, max_steps: int, eval_e
         overwrite_output_dir=True,
     )
     return recipe
+
+
+def merged_start(adapter: Path, out: Path) -> Path:
+    """`adapter` merged into its base model, saved (with the tokenizer) under `out`; kept while the adapter's weights
+    are the same."""
+    weights = adapter / "adapter_model.safetensors"
+    if not weights.exists():
+        raise SystemExit(f"error: --start-from {adapter}: no saved LoRA adapter there (adapter_model.safetensors)")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    model_dir = out / f"start-model-{digest}"
+    if not (model_dir / "config.json").exists():
+        from agentic_grpo.evaluate import load_policy
+
+        model, tokenizer = load_policy(str(adapter), merge=True)
+        partial = model_dir.with_name(model_dir.name + ".partial")  # a killed save leaves no half model behind
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.rename(model_dir)
+    return model_dir
 
 
 def strict_accuracy(model: str, recipe_path: Path, questions: int) -> dict[str, float]:
@@ -147,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations")
     parser.add_argument("--questions", type=int, default=48, help="held-out questions per evaluation")
     parser.add_argument("--output-dir", default="outputs/credit", help="runs, credit.json and credit.png go here")
+    parser.add_argument(
+        "--start-from", type=Path, help="a saved LoRA adapter merged into its base: every arm's starting model"
+    )
     args = parser.parse_args(argv)
 
     import yaml
@@ -159,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = shared_training_seed(base, out / "train_seed")  # every arm and seed trains on the same rows
+    if args.start_from is not None:
+        base["model_name_or_path"] = str(merged_start(args.start_from, out))
     steps = sorted({0, *range(args.eval_every, args.max_steps + 1, args.eval_every), args.max_steps})
 
     base_recipe = out / "base.yaml"
@@ -168,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     start_point = cached(out / "start.json", {"questions": args.questions, "recipe": base}, measure_start)
     result: dict[str, Any] = {"benchmark": "credit", "recipe": base_path.name, "seeds": args.seeds,
                               "max_steps": args.max_steps, "eval_steps": steps, "questions": args.questions,
+                              "start_from": str(args.start_from) if args.start_from else None,
                               "arms": {}}  # fmt: skip
     for arm in args.arms:
         runs: dict[str, Any] = {}

@@ -82,3 +82,34 @@ def test_shipped_credit_recipe_reads_and_builds_its_rollout_parts():
     assert environment.state_hash() == "" and len(test) == 48
     a, b, c = (int(x) for x in re.findall(r"\d+", train[0]["question"])[:3])
     assert train[0]["values"][:2] == [str(a * b), str(a * b - c)]
+
+
+def test_a_warm_start_is_the_adapter_merged_into_its_base_and_is_made_once(tmp_path, tiny_model_dir):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentic_grpo.benchmarks.credit import merged_start
+
+    torch.manual_seed(0)
+    # B != 0 (init_lora_weights=False): an adapter that changes the model, so a merge that dropped it would show.
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora).eval()
+    adapter = tmp_path / "adapter"
+    peft_model.save_pretrained(adapter)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(adapter)
+
+    start = merged_start(adapter, tmp_path / "bench")
+    merged = AutoModelForCausalLM.from_pretrained(start).eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids = torch.tensor([[1, 5, 9, 14, 2]])
+    with torch.no_grad():
+        wanted, got, bare = (m(ids).logits for m in (peft_model, merged, base))
+    torch.testing.assert_close(got, wanted, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(got, bare, atol=1e-3)  # the adapter's change is in the merged weights
+    assert AutoTokenizer.from_pretrained(start).pad_token_id is not None
+
+    made = (start / "config.json").stat().st_mtime_ns
+    assert merged_start(adapter, tmp_path / "bench") == start and (start / "config.json").stat().st_mtime_ns == made
+    with pytest.raises(SystemExit, match="no saved LoRA adapter"):
+        merged_start(tmp_path / "bench", tmp_path / "bench")
