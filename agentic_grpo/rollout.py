@@ -259,11 +259,14 @@ class RolloutManager:
         }
         for i, (call, stop_reason) in calls.items():
             trajectory = trajectories[i]
+            handed_to = None
             if isinstance(call, ToolCall):
                 if delegated is not None and i in delegated:
                     result, child = delegated.result(i)
                     if child is not None:
                         trajectory.children.append(child)
+                    if self.agents[call.name].ends_caller(child):
+                        handed_to = child
                 else:
                     result = futures[i].result()
                 result.output, cut = truncate_tool_output(
@@ -274,10 +277,14 @@ class RolloutManager:
             else:
                 result = ToolResult(output=f"Error: {call.reason}.", error=call.reason)
             text, ids = self.observation(result, stop_reason, trajectory.segments[-1].token_ids[-1:])
-            if len(trajectory.completion_ids) + len(ids) >= self.limits.max_completion_tokens:
+            fits = len(trajectory.completion_ids) + len(ids) < self.limits.max_completion_tokens
+            if fits:
+                trajectory.segments.append(Segment("tool", ids, text))
+            if handed_to is not None:  # a handoff: the sub-agent's answer is this trajectory's, and it ends here
+                trajectory.final_answer = handed_to.final_answer
+                trajectory.finish_reason = "final_answer"
+            elif not fits:
                 trajectory.finish_reason = "length"
-                continue
-            trajectory.segments.append(Segment("tool", ids, text))
         stats.tool_seconds += time.perf_counter() - start
 
     @staticmethod

@@ -115,6 +115,25 @@ def test_a_task_column_the_rows_lack_stops_the_rollout_naming_it(tmp_path, tiny_
         rollout(parts, tokenizer, {"ask": [ASK, DONE]}, ["ask"])
 
 
+def test_a_handoff_ends_the_caller_with_the_sub_agents_answer(tmp_path, tiny_model_dir, tokenizer):
+    parts = build_rollout_parts(recipe(tmp_path, helper(tiny_model_dir, handoff=True)))
+    # The script's second turn would answer 408: a handoff leaves the caller no second turn.
+    [parent] = rollout(parts, tokenizer, {"ask": [ASK, DONE]}, ["ask"])
+    [child] = parent.children
+    assert child.finish_reason == "final_answer" and child.final_answer is not None
+    assert parent.finish_reason == "final_answer" and parent.final_answer == child.final_answer
+    assert parent.turns == 1 and [s.role for s in parent.segments] == ["prompt", "model", "tool"]
+
+
+def test_a_handoff_the_sub_agent_does_not_answer_leaves_the_caller_to_go_on(tmp_path, tiny_model_dir, tokenizer):
+    broken = helper(tiny_model_dir, environment="tests.subagent_support:BrokenReset", handoff=True)
+    parts = build_rollout_parts(recipe(tmp_path, broken))
+    [parent] = rollout(parts, tokenizer, {"ask": [ASK, DONE]}, ["ask"])
+    [(_, result)] = parent.tool_calls
+    assert not result.ok and parent.children[0].finish_reason == "error"
+    assert parent.turns == 2 and parent.final_answer == "408"  # its own answer, after the error observation
+
+
 def test_bad_arguments_to_a_subagent_are_an_observation_and_start_no_child(tmp_path, tiny_model_dir, tokenizer):
     parts = build_rollout_parts(recipe(tmp_path, helper(tiny_model_dir)))
     bad = 'Action: helper\nAction Input: {"question": "12 * 34"}\nObservation:'

@@ -52,6 +52,7 @@ class SubAgent:
         rewards: its own (reward function, weight) pairs when trained, added to the shared outcome reward.
         task_column: the column of the parent's dataset row that is its task: the tool then takes no arguments
             (any given are ignored); None: the parent writes the task as the tool's `task` argument.
+        handoff: its final answer ends the parent's trajectory as the parent's final answer (`ends_caller`).
     """
 
     name: str
@@ -63,6 +64,7 @@ class SubAgent:
     learning_rate: float | None = None
     rewards: tuple[tuple[Any, float], ...] = ()
     task_column: str | None = None
+    handoff: bool = False
 
     @staticmethod
     def delegate(*args: Any) -> DelegatedCalls:
@@ -144,6 +146,12 @@ class SubAgent:
             )  # fmt: skip
             answers[k] = (self.observation(child, seconds), child)
         return answers  # type: ignore[return-value]
+
+    def ends_caller(self, child: Trajectory | None) -> bool:
+        """Whether this call's child ends its caller's trajectory: a handoff the child answered."""
+        return self.handoff and child is not None and child.finish_reason == "final_answer" and (
+            child.final_answer is not None
+        )  # fmt: skip
 
     def observation(self, child: Trajectory, seconds: float) -> ToolResult:
         """The child's final answer, or why it has none (an error the parent can read)."""

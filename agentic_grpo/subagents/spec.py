@@ -114,6 +114,12 @@ class SubAgentConfig:
                   "tool takes no arguments (any the policy writes are ignored) and the policy chooses only whom to "
                   "ask, as a router does. Default: the policy writes the task (the tool's `task` argument)."},
     )  # fmt: skip
+    handoff: bool = field(
+        default=False,
+        metadata={"help": "Its final answer is the caller's: a call it answers ends the caller's trajectory with that "
+                  "answer (a handoff, as in the OpenAI Agents SDK); a call it does not answer is an error observation "
+                  "and the caller goes on. Default: the caller reads the answer and writes its own."},
+    )  # fmt: skip
     subagents: list[dict] | None = field(default=None, metadata={"help": "Its own sub-agents (local models only)."})
 
 
@@ -202,7 +208,7 @@ def build_subagent(spec: SubAgentConfig, parent: Any, build_parts: Callable[...,
     rewards = _role_rewards(spec, parent, where) if spec.rewards else ()
     return SubAgent(
         spec.name, spec.description.strip(), parts, source, tuple(spec.row_columns), spec.train, spec.learning_rate,
-        rewards, spec.task_column,
+        rewards, spec.task_column, spec.handoff,
     )  # fmt: skip
 
 
