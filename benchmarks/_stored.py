@@ -34,6 +34,11 @@ def code_digest(benchmarks: bool = True) -> str:
     return digest.hexdigest()[:16]
 
 
+def adapter_digest(directory: Path) -> str:
+    """A digest of a saved LoRA adapter's weights: what was measured over an adapter is redone if it is retrained."""
+    return hashlib.sha256((directory / "adapter_model.safetensors").read_bytes()).hexdigest()[:16]
+
+
 def cached(path: Path, key: dict[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """`compute()`, or what an earlier invocation stored in `path` for the same `key` and code."""
     key = {**key, "code": code_digest()}

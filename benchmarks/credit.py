@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import math
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from agentic_grpo.benchmarks._stored import cached
+from agentic_grpo.benchmarks._stored import adapter_digest, cached
 
 ARMS: dict[str, dict[str, Any]] = {
     "outcome": {"advantage": "outcome"},
@@ -76,8 +75,7 @@ def merged_start(adapter: Path, out: Path) -> Path:
     weights = adapter / "adapter_model.safetensors"
     if not weights.exists():
         raise SystemExit(f"error: --start-from {adapter}: no saved LoRA adapter there (adapter_model.safetensors)")
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
-    model_dir = out / f"start-model-{digest}"
+    model_dir = out / f"start-model-{adapter_digest(adapter)}"
     if not (model_dir / "config.json").exists():
         from agentic_grpo.evaluate import load_policy
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import statistics
@@ -43,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from agentic_grpo.benchmarks._stored import cached
+from agentic_grpo.benchmarks._stored import adapter_digest, cached
 from agentic_grpo.benchmarks.learning import held_out, pinned_training_rows, strictly_correct, train
 from agentic_grpo.subagents.spec import SubAgentConfig
 
@@ -190,11 +189,6 @@ def specialist_runs(args: argparse.Namespace, recipes: dict[str, dict[str, Any]]
                                  f"trained; retrain it with `agentic-grpo bench learning --recipe {name}`")  # fmt: skip
         runs[recipes[name]["output_dir"]] = directory
     return runs
-
-
-def adapter_digest(directory: Path) -> str:
-    """A digest of a saved adapter's weights: a stage measured over a specialist is redone if it is retrained."""
-    return hashlib.sha256((directory / "adapter_model.safetensors").read_bytes()).hexdigest()[:16]
 
 
 def run_seed(

@@ -73,7 +73,7 @@ class SubAgent:
 
     def tool_schema(self) -> dict[str, Any]:
         """The JSON schema the parent's format describes the tool with."""
-        if self.task_column:  # the task is the row's: nothing to give, and nothing given is refused
+        if self.task_column:  # the task is the row's: nothing to give, and any arguments given are ignored
             parameters = {"type": "object", "properties": {}, "additionalProperties": True}
         else:
             parameters = {
