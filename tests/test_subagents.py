@@ -48,7 +48,8 @@ def rollout(parts, tokenizer, scripts, cases, rows=None):
 
 
 def test_calls_of_a_turn_run_as_one_nested_rollout_generating_once_per_child_turn(tmp_path, tiny_model_dir, tokenizer):
-    echo = helper(tiny_model_dir, environment="tests.subagent_support:Echo", max_turns=3,
+    # Sampled (`temperature`): a greedy sub-agent would answer the four identical tasks once (the next test).
+    echo = helper(tiny_model_dir, environment="tests.subagent_support:Echo", max_turns=3, temperature=1.0,
                   format_kwargs={"tool": "echo", "argument": "text"})  # fmt: skip
     parts = build_rollout_parts(recipe(tmp_path, echo))
     model, _ = parts.agents[0].source.load()
@@ -63,6 +64,38 @@ def test_calls_of_a_turn_run_as_one_nested_rollout_generating_once_per_child_tur
         batch = [c for c in children if c.delegation.parent_turn == parent_turn]
         expected += [sum(c.turns > k for c in batch) for k in range(max(c.turns for c in batch))]
     assert spy.rows == expected and spy.rows[0] == 4  # the first parent turn's four calls: one batch of four
+
+
+def test_a_greedy_frozen_sub_agent_answers_each_distinct_task_of_a_batch_once(tmp_path, tiny_model_dir, tokenizer):
+    parts = build_rollout_parts(recipe(tmp_path, helper(tiny_model_dir)))
+    model, _ = parts.agents[0].source.load()
+    spy = RecordingGenerate(model)
+    other = ASK.replace("12 * 34", "5 + 6")
+    trajectories = rollout(parts, tokenizer, {"same": [ASK, DONE], "other": [other, DONE]},
+                           ["same", "other", "same", "same"])  # fmt: skip
+
+    children = [t.children[0] for t in trajectories]
+    assert spy.rows[0] == 2  # two distinct tasks, one child each, for four calls
+    assert len({id(c) for c in children}) == 4  # yet every call keeps a child of its own
+    same = [children[k] for k in (0, 2, 3)]
+    assert all(c.to_dict() | {"delegation": None} == same[0].to_dict() | {"delegation": None} for c in same)
+    assert [c.delegation.row["question"] for c in children] == ["What is 12 * 34?", "What is 5 + 6?",
+                                                               "What is 12 * 34?", "What is 12 * 34?"]  # fmt: skip
+    assert all(c.final_answer for c in children)
+    assert [t.tool_calls[0][1].output for t in trajectories] == [c.final_answer for c in children]
+    # The answer is shared, the record is not: a copy's change stays its own.
+    children[2].notes["mine"] = True
+    assert "mine" not in children[0].notes and "mine" not in children[3].notes
+
+
+def test_only_a_frozen_greedy_sub_agent_answers_identical_tasks_once(tmp_path, tiny_model_dir):
+    rows = [{"question": "a"}, {"question": "b"}, {"question": "a"}]
+    greedy = build_rollout_parts(recipe(tmp_path, helper(tiny_model_dir))).agents[0]
+    assert greedy.distinct_tasks(rows) == ([{"question": "a"}, {"question": "b"}], [0, 1, 0])
+    sampled = build_rollout_parts(recipe(tmp_path, helper(tiny_model_dir, temperature=0.7))).agents[0]
+    assert sampled.distinct_tasks(rows) == (rows, [0, 1, 2])
+    greedy.train = True  # a co-trained sub-agent's children are its training samples: each is its own
+    assert greedy.distinct_tasks(rows) == (rows, [0, 1, 2])
 
 
 def test_the_childs_answer_is_the_observation_and_the_child_is_kept_under_its_parent(tmp_path, tiny_model_dir,

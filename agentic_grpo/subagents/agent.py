@@ -12,11 +12,14 @@ trajectories of the batch, goes to one `answer` job, which runs them as one nest
 sub-agent generates once per child turn for all of them. The rollout manager knows the turn's calls
 before any runs, so the batch is complete by construction: no waiting window, no count of expected
 callers, the same batches on every run. Jobs of different sub-agents, and the turn's ordinary tool
-calls, run at the same time in the parent's tool threads.
+calls, run at the same time in the parent's tool threads. A frozen greedy sub-agent runs each distinct
+task of a batch once (`distinct_tasks`).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import time
 from concurrent.futures import Executor, Future
@@ -128,15 +131,20 @@ class SubAgent:
             else:
                 valid.append(k)
         rows = [self.task_row(calls[k], parent_rows[k]) for k in valid]
+        distinct, which = self.distinct_tasks(rows)
         children: list[Trajectory] = []
-        if rows:
+        if distinct:
             try:
-                prompts = [self.parts.trajectory_format.prompt_messages(row["question"]) for row in rows]
-                children = self.source.rollout(self.parts, prompts, rows, backend, tokenizer, sandbox_pool)
+                prompts = [self.parts.trajectory_format.prompt_messages(row["question"]) for row in distinct]
+                children = self.source.rollout(self.parts, prompts, distinct, backend, tokenizer, sandbox_pool)
             except Exception as exc:  # noqa: BLE001 - a sub-agent that breaks is the parent's observation, not a crash
-                logger.exception("sub-agent `%s` failed on a batch of %d task(s)", self.name, len(rows))
+                logger.exception("sub-agent `%s` failed on a batch of %d task(s)", self.name, len(distinct))
                 error = f"{type(exc).__name__}: {exc}"
-                children = [failed_child(row["question"], error) for row in rows]
+                children = [failed_child(row["question"], error) for row in distinct]
+            # Each call keeps a child of its own: the parent's records and the usage metrics count every call.
+            children = [
+                children[j] if which.index(j) == n else copy.deepcopy(children[j]) for n, j in enumerate(which)
+            ]
         seconds = time.perf_counter() - start
         for k, row, child in zip(valid, rows, children, strict=True):
             parent_turn, call_index = places[k]
@@ -146,6 +154,22 @@ class SubAgent:
             )  # fmt: skip
             answers[k] = (self.observation(child, seconds), child)
         return answers  # type: ignore[return-value]
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether one task always gets one answer: a frozen sub-agent that decodes greedily (its tools are taken to
+        answer one call one way, as a greedy decoder's are asked the same calls)."""
+        return not self.train and getattr(self.source, "greedy", False)
+
+    def distinct_tasks(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+        """The sub-task rows to run, and for each of `rows` the index of its run among them: one run per distinct
+        row when the sub-agent is `deterministic` (a router's G samples that ask one specialist the same question
+        need its answer once), every row its own run otherwise."""
+        if not self.deterministic:
+            return rows, list(range(len(rows)))
+        first: dict[str, int] = {}
+        which = [first.setdefault(json.dumps(row, sort_keys=True, default=repr), len(first)) for row in rows]
+        return [rows[which.index(j)] for j in range(len(first))], which
 
     def ends_caller(self, child: Trajectory | None) -> bool:
         """Whether this call's child ends its caller's trajectory: a handoff the child answered."""

@@ -56,6 +56,11 @@ class PolicySource:
         self.temperature = temperature
         self.sampling_logprobs = sampling_logprobs
 
+    @property
+    def greedy(self) -> bool:
+        """Whether it decodes greedily whatever the policy does (`temperature: 0`)."""
+        return self.temperature == 0
+
     def describe(self) -> str:
         if self.adapter is None:
             return "policy"
@@ -116,6 +121,11 @@ class ModelSource:
         source = cls(getattr(model, "name_or_path", "") or type(model).__name__, temperature)
         source._loaded = (model.eval().requires_grad_(False), tokenizer)
         return source
+
+    @property
+    def greedy(self) -> bool:
+        """Whether it decodes greedily (no `temperature`, or 0)."""
+        return not self.temperature
 
     def describe(self) -> str:
         return f"model:{self.path}"
