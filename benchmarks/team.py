@@ -109,6 +109,7 @@ def cotrained_router(router: dict[str, Any], specialist: str, steps: int, learni
     if len(found) != 1:
         raise ValueError(f"co-training needs one router sub-agent that loads `{specialist}`; {len(found)} do")
     found[0].pop("adapter_path")
+    found[0].pop("temperature", None)  # a trained sub-agent samples at the run's temperature, as its loss reads it
     found[0].update(train=True, learning_rate=learning_rate)
     return {**router, "subagents": entries, "max_steps": steps}
 

@@ -175,6 +175,7 @@ def test_the_cotrained_arm_trains_one_specialist_from_new_with_the_router_the_ot
     assert together["max_steps"] == 46
     units = together["subagents"][1]
     assert units["name"] == "ask_units" and "adapter_path" not in units and units["train"] is True
+    assert "temperature" not in units and seeds["subagents"][1]["temperature"] == 0  # greedy while frozen only
     assert [e.get("adapter_path") for e in together["subagents"]] == [paths["outputs/team/arithmetic"], None,
                                                                        paths["outputs/team/dates"]]  # fmt: skip
     assert "train" not in seeds["subagents"][1]  # the seed's router recipe is left as it is
