@@ -10,6 +10,9 @@ sub-agent `adapter_path` named the specialist recipe's `output_dir`):
 - **oracle**: each of the router's held-out questions given whole, as the router's example gives it, to the
   specialist its row names (`expected_tools`), that specialist's final answer scored: the ceiling of routing;
 - **trained**: the router trained by its recipe;
+- **outcome**: the router trained by its recipe on the outcome alone: every reward that reads the rows' labels
+  of the right specialist (`expected_tools`, e.g. `ToolChoice`) dropped, so the choice is learned from whether the
+  answer was right;
 - **generalist**: one adapter trained by `--generalist` (the router's question mixture, every specialist's
   tool) for as many sampled trajectories as the specialists and the router together;
 - **cotrained**: the router trained together with the specialist `--cotrain` names, which starts untrained (a
@@ -46,7 +49,9 @@ from agentic_grpo.benchmarks._stored import adapter_digest, cached
 from agentic_grpo.benchmarks.learning import held_out, pinned_training_rows, strictly_correct, train
 from agentic_grpo.subagents.spec import SubAgentConfig
 
-ARMS = ("untrained", "oracle", "trained", "generalist", "cotrained")
+ARMS = ("untrained", "oracle", "trained", "outcome", "generalist", "cotrained")
+LABEL_TERMS = ("choice_gradient_weight",)
+"""Experimental options that train on the rows' `expected_tools`, off in the `outcome` arm."""
 SPECIALISTS = ("team_arithmetic", "team_units", "team_dates")
 
 
@@ -99,6 +104,21 @@ def router_over(router: dict[str, Any], specialists: dict[str, str]) -> dict[str
         for entry in found:
             entry["adapter_path"] = trained
     return {**router, "subagents": entries}
+
+
+def outcome_router(router: dict[str, Any]) -> dict[str, Any]:
+    """The router recipe with every reward that reads the rows' `expected_tools` (the right specialist's label)
+    dropped, and every experimental term that trains on it off; raises ValueError when no reward is left."""
+    from agentic_grpo.reward_setup import build_rewards, required_columns
+    from agentic_grpo.rollout_metrics import EXPECTED_TOOLS_COLUMN
+
+    specs = list(router.get("rewards") or [])
+    rewards, _ = build_rewards(specs)
+    kept = [s for s, r in zip(specs, rewards, strict=True) if EXPECTED_TOOLS_COLUMN not in required_columns(r)]
+    if not kept:
+        raise ValueError(f"every reward of the router reads `{EXPECTED_TOOLS_COLUMN}`: no outcome reward is left")
+    experimental = {k: v for k, v in (router.get("experimental") or {}).items() if k not in LABEL_TERMS}
+    return {**router, "rewards": kept, "experimental": experimental}
 
 
 def cotrained_router(router: dict[str, Any], specialist: str, steps: int, learning_rate: float) -> dict[str, Any]:
@@ -205,6 +225,8 @@ def run_seed(
         yaml.safe_dump(router_over(router_spec, {k: str(v) for k, v in specialists.items()}), sort_keys=False)
     )
     router = pinned_training_rows(copy, copy)
+    outcome = runs.with_name(f"{runs.name}-outcome.yaml")
+    outcome.write_text(yaml.safe_dump(outcome_router(yaml.safe_load(Path(router).read_text())), sort_keys=False))
     key = {"questions": args.questions, "seed": seed, "router": Path(router).read_text(),
            "specialists": {str(d): adapter_digest(d) for d in specialists.values()}}  # fmt: skip
     arms = {
@@ -213,6 +235,7 @@ def run_seed(
         ),  # fmt: skip
         "oracle": lambda: oracle(router, args.questions, runs / "oracle.json"),
         "trained": lambda: trained_run(router, seed, str(runs / "router"), None, args.questions),
+        "outcome": lambda: trained_run(str(outcome), seed, str(runs / "outcome"), None, args.questions),
     }
     result: dict[str, Any] = {
         "seed": seed,

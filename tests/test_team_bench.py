@@ -20,6 +20,7 @@ from agentic_grpo.benchmarks.team import (
     SPECIALISTS,
     cotrained_router,
     oracle,
+    outcome_router,
     router_over,
     settings_differ,
     specialist_runs,
@@ -162,6 +163,20 @@ def test_the_oracle_gives_each_question_to_the_specialist_its_row_names(tiny_mod
     path.write_text(yaml.safe_dump(tiny))
     with pytest.raises(SystemExit, match="`ask_arithmetic` has no `adapter_path`"):
         oracle(str(path), 6, tmp_path / "oracle-none.json")
+
+
+def test_the_outcome_arm_drops_every_reward_and_term_that_reads_the_right_specialists_label():
+    router = recipe("team_router")
+    outcome = outcome_router(router)
+    assert [r["type"] for r in router["rewards"]] == ["agentic_grpo.rewards.rules:Correctness",
+                                                      "agentic_grpo.rewards.selection:ToolChoice"]  # fmt: skip
+    assert outcome["rewards"] == router["rewards"][:1]
+    assert outcome["experimental"] == router["experimental"]  # spreading the first routes reads no label
+    assert {**outcome, "rewards": router["rewards"]} == router  # nothing else changes
+    labelled = {**router, "experimental": {"spread_first_action": True, "choice_gradient_weight": 1.0}}
+    assert outcome_router(labelled)["experimental"] == {"spread_first_action": True}
+    with pytest.raises(ValueError, match="every reward of the router reads `expected_tools`"):
+        outcome_router({**router, "rewards": router["rewards"][1:]})
 
 
 def test_the_cotrained_arm_trains_one_specialist_from_new_with_the_router_the_others_frozen(tiny_model_dir, tmp_path):
