@@ -158,7 +158,7 @@ class SubAgent:
     @property
     def deterministic(self) -> bool:
         """Whether one task always gets one answer: a frozen sub-agent that decodes greedily (its tools are taken to
-        answer one call one way, as a greedy decoder's are asked the same calls)."""
+        answer the same call the same way)."""
         return not self.train and getattr(self.source, "greedy", False)
 
     def distinct_tasks(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
