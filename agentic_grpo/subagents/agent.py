@@ -142,9 +142,12 @@ class SubAgent:
                 error = f"{type(exc).__name__}: {exc}"
                 children = [failed_child(row["question"], error) for row in distinct]
             # Each call keeps a child of its own: the parent's records and the usage metrics count every call.
-            children = [
-                children[j] if which.index(j) == n else copy.deepcopy(children[j]) for n, j in enumerate(which)
-            ]
+            given: set[int] = set()
+            calls_children = []
+            for j in which:
+                calls_children.append(copy.deepcopy(children[j]) if j in given else children[j])
+                given.add(j)
+            children = calls_children
         seconds = time.perf_counter() - start
         for k, row, child in zip(valid, rows, children, strict=True):
             parent_turn, call_index = places[k]
@@ -167,9 +170,16 @@ class SubAgent:
         need its answer once), every row its own run otherwise."""
         if not self.deterministic:
             return rows, list(range(len(rows)))
-        first: dict[str, int] = {}
-        which = [first.setdefault(json.dumps(row, sort_keys=True, default=repr), len(first)) for row in rows]
-        return [rows[which.index(j)] for j in range(len(first))], which
+        index: dict[str, int] = {}
+        distinct: list[dict[str, Any]] = []
+        which = []
+        for row in rows:
+            key = json.dumps(row, sort_keys=True, default=repr)
+            if key not in index:
+                index[key] = len(distinct)
+                distinct.append(row)
+            which.append(index[key])
+        return distinct, which
 
     def ends_caller(self, child: Trajectory | None) -> bool:
         """Whether this call's child ends its caller's trajectory: a handoff the child answered."""
