@@ -226,7 +226,8 @@ def run_seed(
     )
     router = pinned_training_rows(copy, copy)
     outcome = runs.with_name(f"{runs.name}-outcome.yaml")
-    outcome.write_text(yaml.safe_dump(outcome_router(yaml.safe_load(Path(router).read_text())), sort_keys=False))
+    if "outcome" in args.arms:  # its rewards are built to see which read the labels: only for an arm that runs
+        outcome.write_text(yaml.safe_dump(outcome_router(yaml.safe_load(Path(router).read_text())), sort_keys=False))
     key = {"questions": args.questions, "seed": seed, "router": Path(router).read_text(),
            "specialists": {str(d): adapter_digest(d) for d in specialists.values()}}  # fmt: skip
     arms = {
