@@ -204,7 +204,7 @@ class AsyncRolloutsLayer:
         sampler = AsyncSampler(
             policy, tokenizer, self.generation_config, self.eos_token_ids,
             self.rollout_parts.rollout_manager(tokenizer, self.sandbox_pool), filters_of(self), self.args.seed,
-            self.args.async_rollouts.timeout, rows_fingerprint,
+            self.args.async_rollouts.timeout, rows_fingerprint, self.accelerator.autocast,
         )  # fmt: skip
         if self._restored:
             sampler.restore(self._restored)

@@ -19,10 +19,12 @@ resumed run relies on.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +100,8 @@ class Batch:
 
 class AsyncSampler:
     """The sampler thread (see the module). `policy`: the trainer's unwrapped model; `rollout_manager`: one of its
-    own (the tokenizer it was built with is its own too)."""
+    own (the tokenizer it was built with is its own too); `autocast`: the trainer's mixed precision (a context
+    manager, entered in the sampler's thread: autocast is per thread)."""
 
     def __init__(
         self,
@@ -111,8 +114,10 @@ class AsyncSampler:
         seed: int,
         timeout: float,
         rows_digest: Any,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ) -> None:
         self.model = sampler_copy(policy)
+        self.autocast = autocast
         self.names = trainable_names(policy)
         self.backend = TransformersBackend(self.model, tokenizer, generation_config, eos_token_ids)
         self.backend.logprob_filters = filters
@@ -227,7 +232,7 @@ class AsyncSampler:
         self.phase = f"rolling out step {job.step + 1} (version {job.version})"
         start = time.perf_counter()
         self.backend.generator = torch.Generator(device=self.model.device).manual_seed(step_seed(self.seed, job.step))
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             trajectories, stats = self.rollout_manager.rollout(job.prompts, job.rows, self.backend)
         seconds = time.perf_counter() - start
         for trajectory in trajectories:
@@ -261,7 +266,7 @@ class AsyncSampler:
             if recorded is None or not completion:
                 continue
             ids = torch.tensor([list(trajectory.prompt_ids) + completion], device=self.model.device)
-            with torch.no_grad():
+            with torch.no_grad(), self.autocast():
                 read = processed_read(self.model, ids, torch.ones_like(ids), len(completion), self.filters)[0]
             sampled.append(torch.tensor(recorded, dtype=torch.float32))
             scored.append(read.float().cpu())

@@ -218,7 +218,8 @@ def policy_for_generation(trainer: Any) -> Iterator[Any]:
 
     held = getattr(trainer, "_policy_for_generation", None)
     if held is not None:  # the outermost call, the rollout's session, outlives every call nested in it
-        yield held
+        with trainer.accelerator.autocast():  # autocast is per thread: a nested call may come from another
+            yield held
         return
     with (
         unwrap_model_for_generation(
@@ -230,6 +231,9 @@ def policy_for_generation(trainer: Any) -> Iterator[Any]:
         ) as model,
         torch.no_grad(),
         trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
+        # The training forward runs under the run's mixed precision (Accelerate wraps the prepared model's
+        # forward); `generate` on a PEFT model reaches the base model's own forward, outside that wrapper.
+        trainer.accelerator.autocast(),
     ):
         trainer._policy_for_generation = model
         try:

@@ -51,8 +51,9 @@ another accelerator), and where either computes in bf16 or fp16. Calibrated from
 
 def canary_limit(trainer: Any) -> float:
     """The sampler-trainer limit: `canary_logprob_limit` where set (0: off), else, where the policy's weights and
-    the vLLM engine (if any) are all fp32, `FULL_PRECISION_LIMIT` on CPU and `ACCELERATOR_FULL_PRECISION_LIMIT`
-    where any weight lives elsewhere; else `HALF_PRECISION_LIMIT`. A vLLM server's dtype is not known here:
+    the vLLM engine (if any) are all fp32 and no mixed precision (`bf16`, `fp16`) computes in half precision,
+    `FULL_PRECISION_LIMIT` on CPU and `ACCELERATOR_FULL_PRECISION_LIMIT` where any weight lives elsewhere; else
+    `HALF_PRECISION_LIMIT`. A vLLM server's dtype is not known here:
     counted as half precision."""
     if trainer.args.canary_logprob_limit is not None:
         return trainer.args.canary_logprob_limit
@@ -64,7 +65,8 @@ def canary_limit(trainer: Any) -> float:
     if getattr(trainer, "use_vllm", False):
         engine = getattr(getattr(getattr(trainer, "vllm_generation", None), "llm", None), "llm_engine", None)
         dtypes.add(engine.model_config.dtype if engine is not None else torch.bfloat16)
-    if dtypes <= {torch.float32, torch.float64}:
+    mixed_precision = bool(getattr(trainer.args, "bf16", False) or getattr(trainer.args, "fp16", False))
+    if dtypes <= {torch.float32, torch.float64} and not mixed_precision:
         limit = FULL_PRECISION_LIMIT if on_cpu else ACCELERATOR_FULL_PRECISION_LIMIT
     else:
         limit = HALF_PRECISION_LIMIT

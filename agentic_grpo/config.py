@@ -200,7 +200,8 @@ class AgenticGRPOConfig(GRPOConfig):
         "Each training step compares every sampled token's log-prob as the sampler computed it with the "
         "trainer's (`canary/logprob_diff/{mean,max,share_over_0.5}`); a mean difference over this many nats per "
         "token stops the run, naming the likely causes (agentic_grpo.canaries). Default: where sampler and trainer "
-        "both compute in fp32, 0.0001 on CPU and 0.001 on a GPU; 0.1 where either computes in bf16 or fp16. 0 "
+        "both compute in fp32, 0.0001 on CPU and 0.001 on a GPU; 0.1 where either computes in bf16 or fp16 "
+        "(half-precision weights, or `bf16` or `fp16` mixed precision). 0 "
         "turns the check off.",
     )  # fmt: skip
 

@@ -14,6 +14,7 @@ Exact resume after `kill -9` is in `tests/test_operations.py`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 
@@ -132,6 +133,26 @@ def test_unchanged_weights_weigh_every_token_one_under_top_p_and_top_k(tiny_mode
     assert logged(trainer, "async/staleness/max") == [0, 1, 1]
     honest = all(abs(m - 1) < 1e-5 for m in means + maxima)
     assert honest != planted, (means, maxima)  # the raw read puts each weight near the kept probability mass
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["honest", "sampler-outside-autocast"])
+def test_a_mixed_precision_sampler_samples_in_the_precision_the_trainer_reads(tiny_model_dir, tmp_path, monkeypatch,
+                                                                               planted):  # fmt: skip
+    if planted:  # the sampler's thread without the trainer's autocast (per thread: not inherited)
+        init = AsyncSampler.__init__
+
+        def without_autocast(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.autocast = contextlib.nullcontext
+
+        monkeypatch.setattr(AsyncSampler, "__init__", without_autocast)
+    trainer = trainer_for(tiny_model_dir, tmp_path, learning_rate=0.0, bf16=True, use_cpu=True)
+    with torch.no_grad():  # sharper logits: bf16 arithmetic against fp32 shows in every token
+        trainer.model.get_output_embeddings().weight.mul_(8)
+    trainer.train()
+    maxima = logged(trainer, "async/importance_weight/max")
+    # Measured: honest at most 1.0001 (bf16 rounding where shapes differ), planted at least 1.0068.
+    assert all(abs(m - 1) < 1e-3 for m in maxima) != planted, maxima
 
 
 def test_a_sampler_that_keeps_old_weights_stops_the_run(tiny_model_dir, tmp_path, monkeypatch):

@@ -32,6 +32,14 @@ def rows_for(trainer_format) -> list[dict]:
     ]
 
 
+def react_rows() -> list[dict]:
+    """`rows_for` the ReAct format of the calculator, for a trainer that is yet to be built."""
+    from agentic_grpo.formats import load_format
+    from agentic_grpo.tools.calculator import Calculator
+
+    return rows_for(load_format("react", Calculator.tool_schemas()))
+
+
 def zero(trajectory, **_):
     return [0.0] * len(trajectory)
 
@@ -69,6 +77,22 @@ def test_a_healthy_step_logs_agreement_to_rounding(tiny_model_dir, tmp_path):
     assert logged["canary/logprob_diff/share_over_0.5"][-1] == 0.0
 
 
+@pytest.mark.parametrize("planted", [False, True], ids=["honest", "sampled-outside-autocast"])
+def test_a_mixed_precision_run_samples_in_the_precision_it_trains_in(tiny_model_dir, tmp_path, monkeypatch, planted):
+    # bf16 mixed precision (on CPU here; the default on a GPU): the training forward runs under autocast, and a
+    # PEFT model's `generate` reaches the base model's own forward, outside Accelerate's autocast wrapper.
+    trainer = canary_trainer(tiny_model_dir, tmp_path, react_rows(), peft_config=LORA, bf16=True, use_cpu=True,
+                             stepped_by_hand=False, max_steps=1)  # fmt: skip
+    if planted:
+        monkeypatch.setattr(trainer.accelerator, "autocast", contextlib.nullcontext)
+    trainer.train()  # the training forward is Accelerate's, under autocast, once the model is prepared
+    gap = [row["canary/logprob_diff/mean"] for row in trainer.state.log_history if "canary/logprob_diff/mean" in row][
+        0
+    ]
+    # Measured: honest 9e-5 (bf16 rounding where shapes differ), planted 0.003 (bf16 against fp32 arithmetic).
+    assert (gap > 5e-4) == planted, gap
+
+
 def test_dropout_on_while_sampling_stops_the_run_and_is_named(tiny_model_dir, tmp_path):
     trainer = canary_trainer(tiny_model_dir, tmp_path, peft_config=LORA)
     sample_with_dropout_on(trainer)
@@ -96,11 +120,9 @@ def test_positions_numbered_differently_on_an_absolute_position_model_are_named(
 
 
 def test_the_check_stops_a_real_training_run_and_can_be_turned_off(tiny_model_dir, tmp_path):
-    from agentic_grpo.formats import load_format
-    from agentic_grpo.tools.calculator import Calculator
-
-    rows = rows_for(load_format("react", Calculator.tool_schemas()))
-    trainer = canary_trainer(tiny_model_dir, tmp_path, rows, stepped_by_hand=False, max_steps=1, temperature=1.0)
+    trainer = canary_trainer(
+        tiny_model_dir, tmp_path, react_rows(), stepped_by_hand=False, max_steps=1, temperature=1.0
+    )
     trainer.generation_backend.generation_config.temperature = 0.5
     with pytest.raises(CanaryError, match="at step 1 "):
         trainer.train()
@@ -141,14 +163,15 @@ def test_the_default_limit_is_calibrated_by_the_precision_sampler_and_trainer_co
         canary_limit,
     )
 
-    def trainer(dtype, use_vllm=False, engine_dtype=None, limit=None, device="cpu"):
+    def trainer(dtype, use_vllm=False, engine_dtype=None, limit=None, device="cpu", bf16=False):
         engine = None if engine_dtype is None else SimpleNamespace(model_config=SimpleNamespace(dtype=engine_dtype))
-        return SimpleNamespace(args=SimpleNamespace(canary_logprob_limit=limit), use_vllm=use_vllm,
+        return SimpleNamespace(args=SimpleNamespace(canary_logprob_limit=limit, bf16=bf16), use_vllm=use_vllm,
                                model=torch.nn.Linear(2, 2, dtype=dtype, device=device),
                                vllm_generation=SimpleNamespace(llm=SimpleNamespace(llm_engine=engine)))  # fmt: skip
 
     assert canary_limit(trainer(torch.float32)) == FULL_PRECISION_LIMIT
     assert canary_limit(trainer(torch.bfloat16)) == HALF_PRECISION_LIMIT
+    assert canary_limit(trainer(torch.float32, bf16=True)) == HALF_PRECISION_LIMIT  # fp32 weights, bf16 arithmetic
     # Weights off the CPU: "meta" stands in for a GPU, which this machine has not (only the device type is read).
     assert canary_limit(trainer(torch.float32, device="meta")) == ACCELERATOR_FULL_PRECISION_LIMIT
     assert canary_limit(trainer(torch.bfloat16, device="meta")) == HALF_PRECISION_LIMIT
