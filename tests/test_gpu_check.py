@@ -122,3 +122,19 @@ def test_the_decode_phase_times_the_plain_model_and_the_peft_wrapper_with_and_wi
         decode["peft_lora"]["wall_ms_per_step"] / decode["plain"]["wall_ms_per_step"], 2
     )
     assert decode["batch"] == 8 and decode["steps"] == 4, "the tiny plan's G x questions rows"
+
+
+TRAINER_CHECK = ROOT / "scripts" / "gpu_trainer_check.sh"
+
+
+def test_the_trainer_check_refuses_a_machine_without_cuda_before_running_anything(tmp_path):
+    result = run_process("bash", TRAINER_CHECK, tmp_path / "out", env=environment(PYTHON=sys.executable), timeout=300)
+    assert result.returncode == 1 and "no CUDA GPU" in result.stdout, result.stdout + result.stderr
+    assert not (tmp_path / "out" / "work").exists()
+
+
+def test_the_trainer_check_explains_itself_and_names_an_unknown_argument(tmp_path):
+    shown = run_process("bash", TRAINER_CHECK, "--help", timeout=60)
+    assert shown.returncode == 0 and "OUT_DIR [--wheels DIR]" in shown.stdout
+    refused = run_process("bash", TRAINER_CHECK, tmp_path / "out", "--stpes", "2", timeout=60)
+    assert refused.returncode == 2 and "unknown argument --stpes" in refused.stderr
