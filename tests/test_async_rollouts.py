@@ -208,7 +208,7 @@ def test_the_samplers_copy_computes_with_its_own_weights(tiny_model_dir, tmp_pat
     trainer = trainer_for(tiny_model_dir, tmp_path)  # TRL's fused head is installed on the policy
     policy = trainer.accelerator.unwrap_model(trainer.model)
     sampler = sampler_copy(policy)
-    ids = torch.tensor([[1, 5, 9, 13, 17]])
+    ids = torch.tensor([[1, 5, 9, 13, 17]], device=policy.device)
     with torch.no_grad():
         before = sampler(input_ids=ids).logits
         for parameter in policy.parameters():

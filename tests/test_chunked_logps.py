@@ -55,7 +55,7 @@ def loss_read(trainer, ids, mask, budget, shared):
         logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
             trainer.model, ids, mask, KEEP, compute_entropy=True
         )
-    weights = torch.arange(1.0, ids.size(0) + 1.0)[:, None]
+    weights = torch.arange(1.0, ids.size(0) + 1.0, device=ids.device)[:, None]
     ((logps + 0.1 * entropies) * mask[:, -KEEP:] * weights).sum().backward()
     grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
     return logps.detach(), entropies.detach(), grads
@@ -83,7 +83,7 @@ def budgets(ids: torch.Tensor, shared: bool) -> list[int]:
 
 @pytest.mark.parametrize("shared", [False, True], ids=["rows-whole", "prompt-once"])
 def test_pieces_give_the_whole_reads_logps_entropies_and_gradients(trainer, monkeypatch, shared):
-    ids, mask = batch(trainer.model.config.vocab_size)
+    ids, mask = (t.to(trainer.model.device) for t in batch(trainer.model.config.vocab_size))
     whole_logps, whole_entropies, whole_grads = loss_read(trainer, ids, mask, None, shared)
     completion = mask[:, -KEEP:].bool()
     for budget in budgets(ids, shared):
@@ -122,7 +122,7 @@ def rows_match_their_own_reads(trainer, ids, mask, budget, shared) -> bool:
 
 @pytest.mark.parametrize("shared", [False, True], ids=["rows-whole", "prompt-once"])
 def test_each_row_is_read_once_in_order(trainer, monkeypatch, shared):
-    ids, mask = batch(trainer.model.config.vocab_size)
+    ids, mask = (t.to(trainer.model.device) for t in batch(trainer.model.config.vocab_size))
     budget = budgets(ids, shared)[1]
     assert rows_match_their_own_reads(trainer, ids, mask, budget, shared)
     # The check fails on a boundary that repeats a row, one that drops one, and one that swaps pieces.
@@ -162,7 +162,7 @@ def saved_bytes(trainer, ids, mask, budget, shared) -> int:
 
 @pytest.mark.parametrize("shared", [False, True], ids=["rows-whole", "prompt-once"])
 def test_pieces_keep_one_pieces_activations(trainer, shared):
-    ids, mask = batch(trainer.model.config.vocab_size)
+    ids, mask = (t.to(trainer.model.device) for t in batch(trainer.model.config.vocab_size))
     ids, mask = ids.repeat(4, 1), mask.repeat(4, 1)  # 28 rows: the activations dwarf the tiny model's weights
     whole = saved_bytes(trainer, ids, mask, None, shared)
     pieces = saved_bytes(trainer, ids, mask, 1, shared)  # one row per piece: the last row's activations are kept
@@ -170,7 +170,7 @@ def test_pieces_keep_one_pieces_activations(trainer, shared):
 
 
 def test_a_backward_under_another_adapter_refuses_to_recompute(trainer):
-    ids, mask = batch(trainer.model.config.vocab_size)
+    ids, mask = (t.to(trainer.model.device) for t in batch(trainer.model.config.vocab_size))
     trainer.loss_chunk_tokens = 1
     with trainer.loss_read():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, KEEP)
@@ -207,7 +207,7 @@ def test_a_row_longer_than_a_piece_reads_its_prompt_in_pieces_of_columns(trainer
     the keys and values of the columns before it (the left-padded prompt's first pieces are all padding)."""
     from agentic_grpo import shared_prompt
 
-    ids, mask = batch(trainer.model.config.vocab_size)
+    ids, mask = (t.to(trainer.model.device) for t in batch(trainer.model.config.vocab_size))
     whole_logps, whole_entropies, whole_grads = loss_read(trainer, ids, mask, None, shared)
     pieces = []
     real = shared_prompt.read_prompts
@@ -227,7 +227,7 @@ def test_an_engine_wrapped_model_is_read_whole(trainer, monkeypatch):
     """Under DDP, DeepSpeed or FSDP a replay would run the engine's forward inside the backward: no pieces there."""
     from accelerate.utils import DistributedType
 
-    ids, mask = batch(trainer.model.config.vocab_size)
+    ids, mask = (t.to(trainer.model.device) for t in batch(trainer.model.config.vocab_size))
     whole_logps, _, _ = loss_read(trainer, ids, mask, None, True)
     monkeypatch.setattr(trainer.accelerator.state, "distributed_type", DistributedType.MULTI_GPU)
     pieces = counting_pieces(monkeypatch)

@@ -24,14 +24,14 @@ def trainer(gpt2_dir, tmp_path_factory):
     return built
 
 
-def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(rows: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), pad)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for r, row in enumerate(rows):
         ids[r, width - len(row) :] = torch.tensor(row)
         mask[r, width - len(row) :] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 PROMPT_SHORT, PROMPT_LONG = list(range(10, 18)), list(range(30, 50))
@@ -41,7 +41,7 @@ KEEP = len(COMPLETIONS[0])
 
 
 def alone(trainer, row: list[int]) -> torch.Tensor:
-    ids = torch.tensor([row])
+    ids = torch.tensor([row], device=trainer.model.device)
     return trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), KEEP)[0][0]
 
 
@@ -49,7 +49,7 @@ def alone(trainer, row: list[int]) -> torch.Tensor:
 @torch.no_grad()
 def test_a_left_padded_row_is_scored_as_the_same_row_alone(trainer, read_prompt_once):
     trainer.args.read_prompt_once = read_prompt_once
-    ids, mask = left_padded(ROWS, trainer.processing_class.pad_token_id)
+    ids, mask = left_padded(ROWS, trainer.processing_class.pad_token_id, trainer.model.device)
     batch = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, KEEP)[0]
     for r, row in enumerate(ROWS):
         assert torch.allclose(batch[r], alone(trainer, row), atol=1e-5), r
@@ -61,7 +61,7 @@ def test_a_left_padded_row_is_scored_as_the_same_row_alone(trainer, read_prompt_
 @torch.no_grad()
 def test_the_trainer_scores_what_generate_sampled_with_the_sampler_s_log_probs(trainer):
     model = trainer.model
-    ids, mask = left_padded([PROMPT_SHORT, PROMPT_LONG], trainer.processing_class.pad_token_id)
+    ids, mask = left_padded([PROMPT_SHORT, PROMPT_LONG], trainer.processing_class.pad_token_id, model.device)
     torch.manual_seed(0)
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=KEEP, min_new_tokens=KEEP,
                          output_logits=True, return_dict_in_generate=True, pad_token_id=trainer.processing_class.pad_token_id)  # fmt: skip

@@ -65,7 +65,7 @@ def test_every_token_gets_its_turns_formula_value_and_the_loss_trains_on_it(turn
     for row, case in enumerate(CASES):
         mask = inputs["tool_mask"][row] * inputs["completion_mask"][row]
         expected = expected_tokens(trainer, row, case, inputs)
-        assert torch.equal(advantages[row], expected), case
+        assert torch.equal(advantages[row].cpu(), expected), case
         assert (advantages[row][mask == 0] == 0).all()
     metrics = trainer._metrics["train"]
     assert metrics["credit/frac_reward_zero_std/outcome"] == [1.0]
@@ -123,7 +123,7 @@ def test_outcome_default_keeps_trls_per_sequence_advantages(tiny_model_dir, tmp_
     inputs = trainer.generate_and_score(rows(answer="1000"))  # three right, `direct` wrong
     rewards = torch.tensor([1.0, 1.0, 1.0, 0.0])
     assert inputs["advantages"].dim() == 1
-    assert torch.equal(inputs["advantages"], (rewards - rewards.mean()) / (rewards.std() + 1e-4))
+    assert torch.equal(inputs["advantages"].cpu(), (rewards - rewards.mean()) / (rewards.std() + 1e-4))
     assert trainer._metrics["train"]["credit/frac_reward_zero_std/turn"] == [0.0]
 
 
