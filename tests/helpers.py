@@ -121,10 +121,9 @@ def require_vllm() -> None:
 
 # --- a trainer in this process ---------------------------------------------------------------------------
 
-# bf16 off: the tests' tolerances are fp32's, on a GPU too (where bf16 mixed precision is the default).
 TRAINER_DEFAULTS: dict[str, Any] = dict(
     num_generations=4, per_device_train_batch_size=4, gradient_checkpointing=False, report_to=[],
-    save_strategy="no", seed=0, bf16=False,
+    save_strategy="no", seed=0,
 )  # fmt: skip
 
 
