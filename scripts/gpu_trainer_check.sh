@@ -68,20 +68,19 @@ train lora-fp32 120 --config ci_tiny_lora --bf16 false
 
 say "2. a Qwen2.5-1.5B-shaped model with random weights, synchronous and asynchronous"
 "$PYTHON" - "$work/q15" <<'EOF' >> "$out/summary.txt" 2>&1
+import dataclasses
 import sys
-import torch
-from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-from agentic_grpo.models import build_tiny_model
+from pathlib import Path
 
-tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(sys.argv[1] + "-tokenizer"))
-config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                     num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=4096,
-                     tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-torch.manual_seed(0)
-Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(sys.argv[1])
-tokenizer.save_pretrained(sys.argv[1])
-print("built", sys.argv[1])
+import torch
+from agentic_grpo.benchmarks._gpu_parts import QWEN_1P5B, build_model, tests_tokenizer
+
+target = Path(sys.argv[1])
+tokenizer = tests_tokenizer(target.parent)  # the tests' tokenizer: its own vocabulary, not Qwen's
+shape = dataclasses.replace(QWEN_1P5B, vocab=0)
+build_model(shape, tokenizer, torch.bfloat16, torch.device("cpu")).save_pretrained(target)
+tokenizer.save_pretrained(target)
+print("built", target)
 EOF
 shape=(--config ci_tiny_lora --model_name_or_path "$work/q15" --max_steps "$steps" --num_generations 8
        --per_device_train_batch_size 16 --max_turns 2 --max_tokens_per_turn 96 --max_completion_length 256
