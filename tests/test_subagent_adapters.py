@@ -253,3 +253,30 @@ def test_an_adapter_path_without_a_saved_adapter_is_refused_naming_it(tiny_model
     assert "units" not in model.peft_config
     attach_adapter(model, "units", x_path)  # a directory a run saved loads
     assert "units" in model.peft_config
+
+
+@pytest.mark.parametrize("cotrained", [False, True], ids=["frozen", "cotrained"])
+def test_a_resume_restores_the_policys_own_adapter_beside_the_subagents(tiny_model_dir, tmp_path, cotrained):
+    """A checkpoint holds the policy's adapter at its top level and each sub-agent's in a folder of its own;
+    transformers 5.19 then loads only the folders', and without the layer's restore a resumed router would train
+    on from a fresh adapter (the resume canary caught it on a team run)."""
+    from tests.subagent_support import helper, make_trainer
+
+    def adapter_params(model) -> dict:
+        return {n: p for n, p in model.named_parameters() if ".lora_" in n}
+
+    saved = make_trainer(tiny_model_dir, tmp_path / "saved", helper(train=cotrained))
+    with torch.no_grad():  # both adapters away from their initial values
+        for p in adapter_params(saved.model).values():
+            p.normal_(0, 0.1)
+    saved.save_model(str(tmp_path / "checkpoint"))  # the model files of the Trainer's checkpoint
+    assert (tmp_path / "checkpoint" / "helper" / "adapter_model.safetensors").is_file()
+
+    resumed = make_trainer(tiny_model_dir, tmp_path / "resumed", helper(train=cotrained))
+    resumed._load_from_checkpoint(str(tmp_path / "checkpoint"))
+    expected = adapter_params(saved.model)
+    got = adapter_params(resumed.model)
+    assert got.keys() == expected.keys() and any(".lora_B.default." in n for n in got)
+    for name, p in got.items():
+        assert torch.equal(p, expected[name]), name
+        assert p.requires_grad == (".default." in name or cotrained), name

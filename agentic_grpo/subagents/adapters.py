@@ -135,6 +135,16 @@ def attach_adapter(model: Any, name: str, path: str | None, trainable: bool = Fa
     model.train(was_training)
 
 
+def restore_policy_adapter(model: Any, checkpoint: str) -> None:
+    """Load the policy's own adapter ("default", saved at the checkpoint's top level) from `checkpoint` into
+    `model`'s PeftModel. Some transformers releases (5.19, which vLLM's CPU build pins) load only the adapters of a
+    checkpoint's subfolders when it has any (the sub-agents' adapters, frozen or co-trained), and the resumed
+    policy would go on from a fresh adapter."""
+    path = Path(checkpoint)
+    if is_peft_model(model) and any((path / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
+        model.load_adapter(str(path), "default", is_trainable=True)
+
+
 class _OnAdapter:
     """Mixin for a backend on the policy's model: every `generate` holds the model's lock and runs under `adapter`."""
 

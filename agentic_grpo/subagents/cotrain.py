@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -238,14 +237,6 @@ class CoTraining:
 
     def peft_model(self, model: Any = None) -> Any:
         return self.trainer.accelerator.unwrap_model(model if model is not None else self.trainer.model)
-
-    def restore_policy_adapter(self, checkpoint: str) -> None:
-        """Load the policy's own adapter ("default", saved at the checkpoint's top level) from `checkpoint`.
-        Some transformers releases (5.19, which vLLM's CPU build pins) load only the adapters of a checkpoint's
-        subfolders when it has any (the co-trained roles'), and the resumed policy would go on from a fresh one."""
-        path = Path(checkpoint)
-        if (path / "adapter_model.safetensors").is_file() or (path / "adapter_model.bin").is_file():
-            self.peft_model().load_adapter(str(path), "default", is_trainable=True)
 
     def make_trainable(self) -> None:
         """Every trained role's adapter parameters require grad (PEFT's loading or switching may have frozen them)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentic_grpo.backends import dropout_off
+from agentic_grpo.subagents.adapters import restore_policy_adapter
 from agentic_grpo.subagents.cotrain import CoTraining
 from agentic_grpo.subagents.usage import subagent_metrics
 
@@ -61,9 +62,11 @@ class SubAgentsLayer:
         return optimizer
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        """The Trainer loads every adapter of a checkpoint but leaves only the active one trainable; co-trained
-        sub-agents' adapters train on after a resume too."""
+        """The Trainer's load, then the policy's own adapter (which it skips when the checkpoint also holds the
+        sub-agents' adapters); co-trained sub-agents' adapters train on after a resume too (it leaves only the
+        active one trainable)."""
         super()._load_from_checkpoint(resume_from_checkpoint, model)
+        restore_policy_adapter(self.accelerator.unwrap_model(model if model is not None else self.model),
+                               resume_from_checkpoint)  # fmt: skip
         if self.cotraining is not None:
-            self.cotraining.restore_policy_adapter(resume_from_checkpoint)
             self.cotraining.make_trainable()
