@@ -13,6 +13,9 @@ sub-agent `adapter_path` named the specialist recipe's `output_dir`):
 - **outcome**: the router trained by its recipe on the outcome alone: every reward that reads the rows' labels
   of the right specialist (`expected_tools`, e.g. `ToolChoice`) dropped, so the choice is learned from whether the
   answer was right;
+- **one_call**: the `outcome` router allowed one turn (`max_turns: 1`), so its one call decides: the right
+  specialist's handed-over answer is the only way to be right (with two turns a wrong first call costs nothing
+  when the second is right, and the `outcome` router learned a fallback that ignores the question);
 - **generalist**: one adapter trained by `--generalist` (the router's question mixture, every specialist's
   tool) for as many sampled trajectories as the specialists and the router together;
 - **cotrained**: the router trained together with the specialist `--cotrain` names, which starts untrained (a
@@ -49,7 +52,7 @@ from agentic_grpo.benchmarks._stored import adapter_digest, cached
 from agentic_grpo.benchmarks.learning import held_out, pinned_training_rows, strictly_correct, train
 from agentic_grpo.subagents.spec import SubAgentConfig
 
-ARMS = ("untrained", "oracle", "trained", "outcome", "generalist", "cotrained")
+ARMS = ("untrained", "oracle", "trained", "outcome", "one_call", "generalist", "cotrained")
 LABEL_TERMS = ("choice_gradient_weight",)
 """Experimental options that train on the rows' `expected_tools`, off in the `outcome` arm."""
 SPECIALISTS = ("team_arithmetic", "team_units", "team_dates")
@@ -119,6 +122,11 @@ def outcome_router(router: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"every reward of the router reads `{EXPECTED_TOOLS_COLUMN}`: no outcome reward is left")
     experimental = {k: v for k, v in (router.get("experimental") or {}).items() if k not in LABEL_TERMS}
     return {**router, "rewards": kept, "experimental": experimental}
+
+
+def one_call_router(router: dict[str, Any]) -> dict[str, Any]:
+    """`outcome_router` with one turn: the router's one call, to the right specialist or not, decides."""
+    return {**outcome_router(router), "max_turns": 1}
 
 
 def cotrained_router(router: dict[str, Any], specialist: str, steps: int, learning_rate: float) -> dict[str, Any]:
@@ -225,9 +233,16 @@ def run_seed(
         yaml.safe_dump(router_over(router_spec, {k: str(v) for k, v in specialists.items()}), sort_keys=False)
     )
     router = pinned_training_rows(copy, copy)
-    outcome = runs.with_name(f"{runs.name}-outcome.yaml")
-    if "outcome" in args.arms:  # its rewards are built to see which read the labels: only for an arm that runs
-        outcome.write_text(yaml.safe_dump(outcome_router(yaml.safe_load(Path(router).read_text())), sort_keys=False))
+    variants = {"outcome": outcome_router, "one_call": one_call_router}
+    for arm, make in variants.items():  # their rewards are built to see which read the labels: only for arms that run
+        if arm in args.arms:
+            recipe = make(yaml.safe_load(Path(router).read_text()))
+            runs.with_name(f"{runs.name}-{arm}.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+
+    def variant(arm: str) -> dict[str, Any]:
+        recipe = str(runs.with_name(f"{runs.name}-{arm}.yaml"))
+        return trained_run(recipe, seed, str(runs / arm), None, args.questions)
+
     key = {"questions": args.questions, "seed": seed, "router": Path(router).read_text(),
            "specialists": {str(d): adapter_digest(d) for d in specialists.values()}}  # fmt: skip
     arms = {
@@ -236,7 +251,7 @@ def run_seed(
         ),  # fmt: skip
         "oracle": lambda: oracle(router, args.questions, runs / "oracle.json"),
         "trained": lambda: trained_run(router, seed, str(runs / "router"), None, args.questions),
-        "outcome": lambda: trained_run(str(outcome), seed, str(runs / "outcome"), None, args.questions),
+        **{arm: functools.partial(variant, arm) for arm in variants},
     }
     result: dict[str, Any] = {
         "seed": seed,

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentic_grpo.benchmarks.team import (
     SPECIALISTS,
     cotrained_router,
+    one_call_router,
     oracle,
     outcome_router,
     router_over,
@@ -177,6 +178,14 @@ def test_the_outcome_arm_drops_every_reward_and_term_that_reads_the_right_specia
     assert outcome_router(labelled)["experimental"] == {"spread_first_action": True}
     with pytest.raises(ValueError, match="every reward of the router reads `expected_tools`"):
         outcome_router({**router, "rewards": router["rewards"][1:]})
+
+
+def test_the_one_call_arm_is_the_outcome_arm_with_one_turn():
+    router = recipe("team_router")
+    assert router["max_turns"] == 2  # the outcome arm's router may call again after a wrong first call
+    one_call = one_call_router(router)
+    assert one_call == {**outcome_router(router), "max_turns": 1}
+    assert [r["type"] for r in one_call["rewards"]] == ["agentic_grpo.rewards.rules:Correctness"]
 
 
 def test_the_cotrained_arm_trains_one_specialist_from_new_with_the_router_the_others_frozen(tiny_model_dir, tmp_path):
