@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import stat
 import sys
 import sysconfig
 from pathlib import Path
@@ -84,8 +85,17 @@ def test_the_attack_reports_harm_when_a_slot_gets_the_trainers_environment(pool,
     if not installed("reasoning_gym"):
         pytest.skip("reasoning-gym is not installed")
     ctx = Context(pool)
+    opened: list[tuple[Path, int]] = []
     try:
         assert run_attack("trainer_environment", ctx).blocked
+        # A checkout in a private directory (mktemp -d makes one 0700) is out of the slot uid's reach
+        # whatever is bound, so the planted bug would show nothing: let others traverse what leads there.
+        for top in {Path(sys.prefix), ROOT}:
+            for directory in [top, *top.parents]:
+                mode = stat.S_IMODE(directory.stat().st_mode)
+                if os.geteuid() == directory.stat().st_uid and not mode & 0o001:
+                    opened.append((directory, mode))
+                    directory.chmod(mode | 0o005)
         planted = slot_python.SlotPython(sys.prefix, sys.executable, (), ())
         monkeypatch.setattr("agentic_grpo.sandbox.slot.slot_python", lambda packages, parent: planted)
         monkeypatch.setattr(bwrap, "interpreter_paths", lambda: [sys.base_prefix, sys.prefix, str(ROOT)])
@@ -93,6 +103,8 @@ def test_the_attack_reports_harm_when_a_slot_gets_the_trainers_environment(pool,
         result = run_attack("trainer_environment", ctx)
     finally:
         ctx.close()
+        for directory, mode in opened:
+            directory.chmod(mode)
     assert not result.blocked and "import reasoning_gym" in result.detail, result.detail
 
 
