@@ -215,6 +215,8 @@ class AsyncSampler:
                 self.idle_seconds += time.perf_counter() - waited
             try:
                 batch = self._make(job)
+                if batch is None:  # closed while loading: the run has stopped
+                    return
             except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
                 exc.add_note("".join(traceback.format_exception(exc)))
                 with self._condition:
@@ -226,9 +228,13 @@ class AsyncSampler:
                 self._running = None
                 self._condition.notify_all()
 
-    def _make(self, job: Job) -> Batch:
+    def _make(self, job: Job) -> Batch | None:
         self.phase = f"loading the weights of version {job.version} for step {job.step + 1}"
         self.load(job.weights)
+        if self._closed:
+            # A load that hung past the timeout and then returned: the trainer has stopped and reset what the
+            # rollout would use (its accelerator state, the sandbox), so nothing more runs in this thread.
+            return None
         self.phase = f"rolling out step {job.step + 1} (version {job.version})"
         start = time.perf_counter()
         self.backend.generator = torch.Generator(device=self.model.device).manual_seed(step_seed(self.seed, job.step))

@@ -26,6 +26,7 @@ import agentic_grpo.async_rollouts as async_rollouts
 from agentic_grpo.async_rollouts import check_async_config, importance_weights
 from agentic_grpo.async_sampler import AsyncSampler, AsyncTimeout, sampler_copy
 from agentic_grpo.config import AgenticGRPOConfig
+from agentic_grpo.rollout import RolloutManager
 from agentic_grpo.shrinking_batch import positions_from_mask
 from tests.helpers import build_trainer
 from tests.scripted import case_prompt
@@ -185,13 +186,21 @@ def test_a_version_label_that_lies_stops_the_run(tiny_model_dir, tmp_path, monke
 
 
 def test_a_sync_that_hangs_stops_the_run_naming_it(tiny_model_dir, tmp_path, monkeypatch):
-    released = threading.Event()
+    released, rolled_out = threading.Event(), []
     monkeypatch.setattr(AsyncSampler, "load", lambda self, weights: released.wait())
+    monkeypatch.setattr(RolloutManager, "rollout", lambda *args, **kwargs: rolled_out.append(1))
+    trainer = trainer_for(tiny_model_dir, tmp_path, async_rollouts={"timeout": 2})
     try:
         with pytest.raises(AsyncTimeout, match="the sampler is loading the weights of version 0 for step 1"):
-            trainer_for(tiny_model_dir, tmp_path, async_rollouts={"timeout": 2}).train()
+            trainer.train()
     finally:
         released.set()
+    # The hung load returns after the run stopped: the sampler stops there, rolling nothing out in a dead run
+    # (a rollout there raced the next trainer's accelerator state).
+    samplers = [thread for thread in threading.enumerate() if thread.name == "agentic-grpo-sampler"]
+    for thread in samplers:
+        thread.join(timeout=30)
+    assert samplers and not any(thread.is_alive() for thread in samplers) and not rolled_out
 
 
 def test_a_sampler_that_fails_hands_its_error_to_the_trainer(tiny_model_dir, tmp_path, monkeypatch):
