@@ -194,10 +194,10 @@ def test_a_sync_that_hangs_stops_the_run_naming_it(tiny_model_dir, tmp_path, mon
         with pytest.raises(AsyncTimeout, match="the sampler is loading the weights of version 0 for step 1"):
             trainer.train()
     finally:
+        samplers = [thread for thread in threading.enumerate() if thread.name == "agentic-grpo-sampler"]
         released.set()
     # The hung load returns after the run stopped: the sampler stops there, rolling nothing out in a dead run
     # (a rollout there raced the next trainer's accelerator state).
-    samplers = [thread for thread in threading.enumerate() if thread.name == "agentic-grpo-sampler"]
     for thread in samplers:
         thread.join(timeout=30)
     assert samplers and not any(thread.is_alive() for thread in samplers) and not rolled_out
