@@ -92,8 +92,9 @@ def test_the_attack_reports_harm_when_a_slot_gets_the_trainers_environment(pool,
         # whatever is bound, so the planted bug would show nothing: let others traverse what leads there.
         for top in {Path(sys.prefix), ROOT}:
             for directory in [top, *top.parents]:
-                mode = stat.S_IMODE(directory.stat().st_mode)
-                if os.geteuid() == directory.stat().st_uid and not mode & 0o001:
+                info = directory.stat()
+                mode = stat.S_IMODE(info.st_mode)
+                if info.st_uid == os.geteuid() and not mode & 0o001:
                     opened.append((directory, mode))
                     directory.chmod(mode | 0o005)
         planted = slot_python.SlotPython(sys.prefix, sys.executable, (), ())
