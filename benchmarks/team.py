@@ -220,12 +220,8 @@ def specialist_runs(args: argparse.Namespace, recipes: dict[str, dict[str, Any]]
     return runs
 
 
-def run_seed(
-    seed: int, args: argparse.Namespace, shipped: dict[str, Path], recipes: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
-    """The arms of one seed; `shipped` holds the recipes' files, `recipes` their contents."""
-    runs = Path(f"{args.output_dir}-seed{seed}")
-    runs.mkdir(parents=True, exist_ok=True)
+def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The arms of one seed that run over its trained specialists: all but `generalist`."""
     router_spec = recipes["router"]
     specialists = specialist_runs(args, recipes, seed)
     copy = runs.with_name(f"{runs.name}-router.yaml")
@@ -254,29 +250,17 @@ def run_seed(
         **{arm: functools.partial(variant, arm) for arm in variants},
     }
     result: dict[str, Any] = {
-        "seed": seed,
         "specialists": {name: str(d) for name, d in zip(args.specialists, specialists.values(), strict=True)},
     }
     for arm in [a for a in ARMS if a in args.arms and a in arms]:
         result[arm] = cached(runs.with_name(f"{runs.name}-{arm}.json"), key, arms[arm])
-    routed = trajectories_per_run(router_spec, "router")
-    sampled = routed + sum(trajectories_per_run(recipes[n], n) for n in args.specialists)
-    result["team_trajectories"] = sampled
-    if "generalist" in args.arms:
-        steps = steps_for(sampled, recipes["generalist"], "generalist")
-        recipe = pinned_training_rows(shipped["generalist"], runs.with_name(f"{runs.name}-generalist.yaml"))
-        measure = functools.partial(trained_run, recipe, seed, str(runs / "generalist"), steps, args.questions)
-        text = {"questions": args.questions, "seed": seed, "recipe": Path(recipe).read_text(), "max_steps": steps}
-        result["generalist"] = {
-            **cached(runs.with_name(f"{runs.name}-generalist.json"), text, measure),
-            "steps": steps,
-        }
     if "cotrained" in args.arms:
         name = args.cotrain
         if name not in args.specialists:
             raise SystemExit(f"error: --cotrain {name} is not one of the team's --specialists {args.specialists}")
         spec = recipes[name]
         own = specialists[spec["output_dir"]]  # this seed's run of it: the sub-agent entry that loads it trains anew
+        routed = trajectories_per_run(router_spec, "router")
         steps = steps_for(routed + trajectories_per_run(spec, name), router_spec, "router")
         cotrain = cotrained_router(yaml.safe_load(Path(router).read_text()), str(own), steps,
                                    spec.get("learning_rate", router_spec.get("learning_rate")))  # fmt: skip
@@ -289,6 +273,32 @@ def run_seed(
             **cached(runs.with_name(f"{runs.name}-cotrained.json"), text, measure),
             "steps": steps,
             "cotrained_specialist": name,
+        }
+    return result
+
+
+def run_seed(
+    seed: int, args: argparse.Namespace, shipped: dict[str, Path], recipes: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The arms of one seed; `shipped` holds the recipes' files, `recipes` their contents. The generalist loads no
+    specialist, so `--arms generalist` alone needs none trained: the team's trajectories are counted from the
+    recipes."""
+    runs = Path(f"{args.output_dir}-seed{seed}")
+    runs.mkdir(parents=True, exist_ok=True)
+    routed = trajectories_per_run(recipes["router"], "router")
+    sampled = routed + sum(trajectories_per_run(recipes[n], n) for n in args.specialists)
+    result: dict[str, Any] = {"seed": seed}
+    if set(args.arms) - {"generalist"}:
+        result |= router_arms(seed, args, runs, recipes)
+    result["team_trajectories"] = sampled
+    if "generalist" in args.arms:
+        steps = steps_for(sampled, recipes["generalist"], "generalist")
+        recipe = pinned_training_rows(shipped["generalist"], runs.with_name(f"{runs.name}-generalist.yaml"))
+        measure = functools.partial(trained_run, recipe, seed, str(runs / "generalist"), steps, args.questions)
+        text = {"questions": args.questions, "seed": seed, "recipe": Path(recipe).read_text(), "max_steps": steps}
+        result["generalist"] = {
+            **cached(runs.with_name(f"{runs.name}-generalist.json"), text, measure),
+            "steps": steps,
         }
     return result
 

@@ -16,6 +16,7 @@ import yaml
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import agentic_grpo.benchmarks.team as team_bench
 from agentic_grpo.benchmarks.team import (
     SPECIALISTS,
     cotrained_router,
@@ -23,6 +24,7 @@ from agentic_grpo.benchmarks.team import (
     oracle,
     outcome_router,
     router_over,
+    run_seed,
     settings_differ,
     specialist_runs,
     steps_for,
@@ -93,6 +95,27 @@ def test_a_specialist_is_checked_against_the_recipe_its_run_was_trained_with(tmp
     Path(f"{tmp_path}/team-team_dates-seed2.json").unlink()
     with pytest.raises(SystemExit, match="does not say what"):
         specialist_runs(only_dates, recipes, 2)
+
+
+def test_the_generalist_alone_needs_no_trained_specialist(tmp_path, monkeypatch):
+    """The generalist loads no specialist, so its arm runs where none is trained; every other arm stops. What an
+    arm measures is replaced by a record of what it was asked: training it is the benchmark's long run, not this
+    check's."""
+    asked = []
+    monkeypatch.setattr(team_bench, "cached", lambda path, key, measure: asked.append((path.name, key)) or {})
+    names = [*SPECIALISTS, "router", "generalist"]
+    shipped = {n: ROOT / "recipes" / f"{'team_' + n if n in ('router', 'generalist') else n}.yaml" for n in names}
+    recipes = {n: yaml.safe_load(path.read_text()) for n, path in shipped.items()}
+    args = argparse.Namespace(specialists=list(SPECIALISTS), specialists_prefix=str(tmp_path / "none"),
+                              output_dir=str(tmp_path / "bench"), questions=48, arms=["generalist"])  # fmt: skip
+    result = run_seed(0, args, shipped, recipes)
+    assert [name for name, _ in asked] == ["bench-seed0-generalist.json"]
+    assert asked[0][1]["max_steps"] == 66 and result["generalist"]["steps"] == 66
+    assert result["team_trajectories"] == 1056
+    for arm in ("untrained", "oracle", "trained", "one_call", "cotrained"):
+        with pytest.raises(SystemExit, match="no trained adapter"):
+            run_seed(0, argparse.Namespace(**{**vars(args), "arms": [arm, "generalist"]}), shipped, recipes)
+    assert len(asked) == 1
 
 
 def test_the_router_is_pointed_at_one_seeds_specialists():
