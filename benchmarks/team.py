@@ -16,6 +16,7 @@ sub-agent `adapter_path` named the specialist recipe's `output_dir`):
 - **one_call**: the `outcome` router allowed one turn (`max_turns: 1`), so its one call decides: the right
   specialist's handed-over answer is the only way to be right (with two turns a wrong first call costs nothing
   when the second is right, and the `outcome` router learned a fallback that ignores the question);
+- **untrained_one_call**: the `one_call` router's recipe with the base model as the orchestrator, its baseline;
 - **generalist**: one adapter trained by `--generalist` (the router's question mixture, every specialist's
   tool) for as many sampled trajectories as the specialists and the router together;
 - **cotrained**: the router trained together with the specialist `--cotrain` names, which starts untrained (a
@@ -52,7 +53,7 @@ from agentic_grpo.benchmarks._stored import adapter_digest, cached
 from agentic_grpo.benchmarks.learning import held_out, pinned_training_rows, strictly_correct, train
 from agentic_grpo.subagents.spec import SubAgentConfig
 
-ARMS = ("untrained", "oracle", "trained", "outcome", "one_call", "generalist", "cotrained")
+ARMS = ("untrained", "untrained_one_call", "oracle", "trained", "outcome", "one_call", "generalist", "cotrained")
 LABEL_TERMS = ("choice_gradient_weight",)
 """Experimental options that train on the rows' `expected_tools`, off in the `outcome` arm."""
 SPECIALISTS = ("team_arithmetic", "team_units", "team_dates")
@@ -231,7 +232,7 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
     router = pinned_training_rows(copy, copy)
     variants = {"outcome": outcome_router, "one_call": one_call_router}
     for arm, make in variants.items():  # their rewards are built to see which read the labels: only for arms that run
-        if arm in args.arms:
+        if arm in args.arms or f"untrained_{arm}" in args.arms:
             recipe = make(yaml.safe_load(Path(router).read_text()))
             runs.with_name(f"{runs.name}-{arm}.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
 
@@ -245,6 +246,13 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
         "untrained": lambda: held_out(
             router_spec["model_name_or_path"], router, args.questions, 1, runs / "untrained_router.json"
         ),  # fmt: skip
+        "untrained_one_call": lambda: held_out(
+            router_spec["model_name_or_path"],
+            str(runs.with_name(f"{runs.name}-one_call.yaml")),
+            args.questions,
+            1,
+            runs / "untrained_one_call_router.json",
+        ),
         "oracle": lambda: oracle(router, args.questions, runs / "oracle.json"),
         "trained": lambda: trained_run(router, seed, str(runs / "router"), None, args.questions),
         **{arm: functools.partial(variant, arm) for arm in variants},

