@@ -203,8 +203,14 @@ class Trajectory:
 
 
 def plain_columns(row: dict[str, Any]) -> dict[str, Any]:
-    """The row's JSON-ready columns: what a trajectory record keeps of its dataset row."""
-    return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    """The row's scalar columns and flat lists of scalars (a task's intermediate `values`, its `expected_tools`):
+    what a trajectory record keeps of its dataset row. Nested columns (the chat `prompt`, which the trajectory
+    already holds as it was read; a task's metadata) and objects are left out."""
+    return {k: v for k, v in row.items() if _scalar(v) or (isinstance(v, list) and all(_scalar(x) for x in v))}
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool, type(None)))
 
 
 # Which trajectories a token budget cut, from the rollout's finish reason rather than the last token. TRL calls a

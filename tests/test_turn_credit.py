@@ -115,6 +115,8 @@ def test_trajectory_files_hold_turn_rewards_and_turn_advantages(turn_trainer, tm
     records = [json.loads(line) for line in (tmp_path / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
     both = records[0]
     assert both["turn_rewards"] == [0.5, 0.5, 0.0] and both["advantage"] == 0.0
+    # The row's intermediate values are kept beside what each turn was paid; its chat prompt is not repeated.
+    assert both["row"]["values"] == ["1680", "1147"] and "prompt" not in both["row"]
     assert both["turn_advantages"] == pytest.approx(TURN_TERMS["both"])
 
 
