@@ -97,15 +97,23 @@ def test_a_specialist_is_checked_against_the_recipe_its_run_was_trained_with(tmp
         specialist_runs(only_dates, recipes, 2)
 
 
+def shipped_recipes() -> tuple[dict[str, Path], dict[str, dict]]:
+    """The team's recipes as `bench team` hands them to `run_seed`: name -> file, name -> contents."""
+    shipped = {n: ROOT / "recipes" / f"{n}.yaml" for n in SPECIALISTS}
+    shipped |= {
+        "router": ROOT / "recipes" / "team_router.yaml",
+        "generalist": ROOT / "recipes" / "team_generalist.yaml",
+    }
+    return shipped, {n: yaml.safe_load(path.read_text()) for n, path in shipped.items()}
+
+
 def test_the_generalist_alone_needs_no_trained_specialist(tmp_path, monkeypatch):
     """The generalist loads no specialist, so its arm runs where none is trained; every other arm stops. What an
     arm measures is replaced by a record of what it was asked: training it is the benchmark's long run, not this
     check's."""
     asked = []
     monkeypatch.setattr(team_bench, "cached", lambda path, key, measure: asked.append((path.name, key)) or {})
-    names = [*SPECIALISTS, "router", "generalist"]
-    shipped = {n: ROOT / "recipes" / f"{'team_' + n if n in ('router', 'generalist') else n}.yaml" for n in names}
-    recipes = {n: yaml.safe_load(path.read_text()) for n, path in shipped.items()}
+    shipped, recipes = shipped_recipes()
     args = argparse.Namespace(specialists=list(SPECIALISTS), specialists_prefix=str(tmp_path / "none"),
                               output_dir=str(tmp_path / "bench"), questions=48, arms=["generalist"])  # fmt: skip
     result = run_seed(0, args, shipped, recipes)
@@ -122,9 +130,7 @@ def test_the_one_call_routers_baseline_is_the_base_model_over_its_one_call_recip
     """`untrained_one_call` evaluates what `one_call` trains (one turn, no label read) with the base model as the
     router; `untrained` the shipped router. The evaluation is replaced by a record of what it was given: the
     untrained router's real run is the benchmark's."""
-    names = [*SPECIALISTS, "router", "generalist"]
-    shipped = {n: ROOT / "recipes" / f"{'team_' + n if n in ('router', 'generalist') else n}.yaml" for n in names}
-    recipes = {n: yaml.safe_load(path.read_text()) for n, path in shipped.items()}
+    shipped, recipes = shipped_recipes()
     for name in SPECIALISTS:
         trained_like_bench_learning(tmp_path / f"team-{name}-seed0", yaml.safe_dump(recipes[name]))
         (tmp_path / f"team-{name}-seed0" / "adapter_model.safetensors").write_bytes(name.encode())  # its digest
