@@ -231,14 +231,17 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
     )
     router = pinned_training_rows(copy, copy)
     variants = {"outcome": outcome_router, "one_call": one_call_router}
+
+    def variant_recipe(arm: str) -> Path:
+        return runs.with_name(f"{runs.name}-{arm}.yaml")
+
     for arm, make in variants.items():  # their rewards are built to see which read the labels: only for arms that run
         if arm in args.arms or f"untrained_{arm}" in args.arms:
             recipe = make(yaml.safe_load(Path(router).read_text()))
-            runs.with_name(f"{runs.name}-{arm}.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+            variant_recipe(arm).write_text(yaml.safe_dump(recipe, sort_keys=False))
 
     def variant(arm: str) -> dict[str, Any]:
-        recipe = str(runs.with_name(f"{runs.name}-{arm}.yaml"))
-        return trained_run(recipe, seed, str(runs / arm), None, args.questions)
+        return trained_run(str(variant_recipe(arm)), seed, str(runs / arm), None, args.questions)
 
     key = {"questions": args.questions, "seed": seed, "router": Path(router).read_text(),
            "specialists": {str(d): adapter_digest(d) for d in specialists.values()}}  # fmt: skip
@@ -248,7 +251,7 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
         ),  # fmt: skip
         "untrained_one_call": lambda: held_out(
             router_spec["model_name_or_path"],
-            str(runs.with_name(f"{runs.name}-one_call.yaml")),
+            str(variant_recipe("one_call")),
             args.questions,
             1,
             runs / "untrained_one_call_router.json",

@@ -104,7 +104,7 @@ def shipped_recipes() -> tuple[dict[str, Path], dict[str, dict]]:
         "router": ROOT / "recipes" / "team_router.yaml",
         "generalist": ROOT / "recipes" / "team_generalist.yaml",
     }
-    return shipped, {n: yaml.safe_load(path.read_text()) for n, path in shipped.items()}
+    return shipped, {n: recipe(path.stem) for n, path in shipped.items()}
 
 
 def test_the_generalist_alone_needs_no_trained_specialist(tmp_path, monkeypatch):
