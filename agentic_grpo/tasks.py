@@ -81,9 +81,10 @@ def shop_word_problems(
 ) -> dict[str, list[dict[str, Any]]]:
     """Word problems solved by two or three dependent tool calls: buy a*b items, sell c, price the rest at d.
 
-    Rows `{question, answer, values}`: `values` are the intermediate results in order (a*b, a*b-c and, for
-    three steps, (a*b-c)*d; the last is the answer), which `agentic_grpo.tools.stepwise` pays a per-turn
-    reward for, once each. Each problem's numbers go to train or test by a hash, as in `split_of`.
+    Rows `{question, answer, values, solution}`: `values` are the intermediate results in order (a*b, a*b-c and,
+    for three steps, (a*b-c)*d; the last is the answer), which `agentic_grpo.tools.stepwise` pays a per-turn
+    reward for, once each; `solution` the calculator expressions that compute them, one call each (a worked
+    solution, `benchmarks/warm_start.py`). Each problem's numbers go to train or test by a hash, as in `split_of`.
     """
     rng = random.Random(seed)
     splits: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
@@ -107,9 +108,15 @@ def shop_word_problems(
             continue
         item, item_one = rng.choice(_SHOP_ITEMS)
         values = [a * b, a * b - c] + ([(a * b - c) * d] if n == 3 else [])
+        solution = [f"{a} * {b}", f"{a * b} - {c}"] + ([f"{a * b - c} * {d}"] if n == 3 else [])
         story = ", ".join(_SHOP_STEPS[:n]).format(a=a, b=b, c=c, d=d, item=item, item_one=item_one)
         ask = f"How many dollars are the {item} that are left worth?" if n == 3 else f"How many {item} are left?"
         splits[split].append(
-            {"question": f"{story}. {ask}", "answer": str(values[-1]), "values": [str(v) for v in values]}
+            {
+                "question": f"{story}. {ask}",
+                "answer": str(values[-1]),
+                "values": [str(v) for v in values],
+                "solution": solution,
+            }
         )
     return splits
