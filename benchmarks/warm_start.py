@@ -44,7 +44,9 @@ class WorkedSolutions:
         self.turn_marker = "Observation:"
         self.turns = {str(row["question"]): worked_turns(row, tool, argument, tokenizer.eos_token) for row in rows}
 
-    def generate(self, batch, stop, max_new_tokens, choices=None, assigned=None):  # noqa: ANN001, ANN201 - the protocol's
+    def generate(
+        self, batch: list[list[int]], stop: list[str], max_new_tokens: int, choices: Any = None, assigned: Any = None
+    ) -> list[Any]:
         from agentic_grpo.backends import cut_generation
 
         generations = []
@@ -92,8 +94,13 @@ def demonstrations(built: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> li
     """The worked solutions of `rows` as trajectories of the recipe's own rollout manager; raises ValueError when one
     is not a right answer after error-free, paid calls."""
     from agentic_grpo.data import row_prompt
+    from agentic_grpo.formats.react import ReActFormat
 
     parts = built.rollout_parts
+    if not isinstance(parts.trajectory_format, ReActFormat):
+        raise ValueError(
+            f"the warm start writes ReAct turns; the recipe's format is {type(parts.trajectory_format).__name__}"
+        )
     tool, argument = single_tool(parts.environment)
     backend = WorkedSolutions(tokenizer, rows, tool, argument, [tokenizer.eos_token_id])
     pool = parts.sandbox_pool(rank=0)
