@@ -217,6 +217,20 @@ def sampled_start(adapter: Path, built: Any, rows: list[dict[str, Any]], k: int)
     }  # fmt: skip
 
 
+def seeded_recipe(recipe: Path, seed: int, out: Path) -> Path:
+    """`recipe` written to `out/recipe.yaml` with its generated training rows decided by `seed` (`train_seed`, unless
+    it sets one): the same seed solves and samples the same questions on every run."""
+    import yaml
+
+    spec = yaml.safe_load(recipe.read_text())
+    dataset = spec.get("dataset")
+    if isinstance(dataset, dict) and dataset.get("train_seed") is None:
+        spec["dataset"] = {**dataset, "train_seed": seed}
+    path = out / "recipe.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="agentic-grpo bench warm_start", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -226,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=32, help="fine-tuning steps")
     parser.add_argument("--batch-size", type=int, default=8, help="demonstrations a step")
     parser.add_argument("--learning-rate", type=float, default=1e-4, help="the adapter's learning rate")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the fine-tuning's seed, and the training rows' (train_seed)"
+    )
     parser.add_argument("--sample-questions", type=int, default=12, help="training questions sampled afterwards")
     parser.add_argument("-k", "--k", type=int, default=8, help="samples per question afterwards")
     parser.add_argument("--output-dir", default="outputs/credit-warm-start", help="the adapter and JSON go here")
@@ -244,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     recipe = find_shipped(args.recipe, "recipes", ".yaml")
-    built = build_recipe(["--config", str(recipe), "--output_dir", str(out / "unused")])
+    built = build_recipe(["--config", str(seeded_recipe(recipe, args.seed, out)), "--output_dir", str(out / "unused")])
     if not built.model_config.use_peft:
         raise SystemExit(f"error: {recipe}: the warm start trains a LoRA adapter; the recipe needs `use_peft: true`")
     train = list(built.train)

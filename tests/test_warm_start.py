@@ -67,6 +67,20 @@ def test_a_wrong_worked_solution_stops_the_warm_start_and_names_its_question(bui
         demonstrations(built, tokenizer, [{k: v for k, v in rows[0].items() if k != "solution"}])
 
 
+def test_a_seed_decides_the_questions_solved_and_sampled(tmp_path):
+    from agentic_grpo.benchmarks.warm_start import seeded_recipe
+    from agentic_grpo.run_parts import build_recipe
+
+    def questions(seed: int, where: str) -> list[str]:
+        (tmp_path / where).mkdir()
+        recipe = seeded_recipe(tiny_credit_recipe(tmp_path), seed, tmp_path / where)
+        built = build_recipe(["--config", str(recipe), "--output_dir", str(tmp_path / "unused")])
+        return [row["question"] for row in built.train]
+
+    # Without a fixed train_seed each build draws its own rows (a fresh secret), and two runs would differ.
+    assert questions(0, "a") == questions(0, "b") != questions(1, "c")
+
+
 def test_the_warm_start_trains_a_lora_adapter_the_credit_bench_starts_from(tmp_path):
     from safetensors.torch import load_file
 
