@@ -150,16 +150,17 @@ def sft_example(trajectory: Any) -> dict[str, list[int]]:
     return {"input_ids": trajectory.prompt_ids + completion, "labels": [-100] * len(trajectory.prompt_ids) + labels}
 
 
-def fine_tune(built: Any, model_path: str, examples: list[dict[str, list[int]]], args: argparse.Namespace) -> dict:
-    """TRL's SFT under the recipe's LoRA settings; saves the adapter (and tokenizer) to `<output-dir>/adapter`."""
+def fine_tune(
+    built: Any, model_path: str, tokenizer: Any, examples: list[dict[str, list[int]]], args: argparse.Namespace
+) -> dict:
+    """TRL's SFT under the recipe's LoRA settings (the trainer pads with EOS when the tokenizer has no pad token);
+    saves the adapter (and tokenizer) to `<output-dir>/adapter`."""
+    import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer, get_peft_config
 
     peft_config = get_peft_config(built.model_config)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     config = SFTConfig(
         output_dir=str(Path(args.output_dir) / "sft"),
         max_steps=args.max_steps,
@@ -171,7 +172,7 @@ def fine_tune(built: Any, model_path: str, examples: list[dict[str, list[int]]],
         report_to=[],
         seed=args.seed,
         max_length=None,
-        use_cpu=not _has_accelerator(),
+        use_cpu=not torch.cuda.is_available(),  # SFTConfig defaults to bf16, which it refuses on a CPU it is not told of
     )
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype="float32")
     trainer = SFTTrainer(
@@ -191,12 +192,6 @@ def fine_tune(built: Any, model_path: str, examples: list[dict[str, list[int]]],
         "loss_last": losses[-1],
         "adapter": str(adapter),
     }
-
-
-def _has_accelerator() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def sampled_start(adapter: Path, built: Any, rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
@@ -271,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     solved = train[-args.demonstrations :]  # the far end of the split; the sampled questions come from its start
     trajectories = demonstrations(built, tokenizer, solved)
     print(f"{len(trajectories)} worked solutions, all right and paid", file=sys.stderr)
-    tuned = fine_tune(built, model_path, [sft_example(t) for t in trajectories], args)
+    tuned = fine_tune(built, model_path, tokenizer, [sft_example(t) for t in trajectories], args)
     result = {
         "benchmark": "warm_start", "recipe": recipe.name, "demonstrations": len(trajectories),
         "max_steps": args.max_steps, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
