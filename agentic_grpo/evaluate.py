@@ -99,7 +99,6 @@ def evaluate(
     from agentic_grpo.backends import TransformersBackend
 
     judge_of_correctness = correctness_reward_name(rewards, correctness)
-    trajectory_format = parts.trajectory_format
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = model.generation_config.eos_token_id
@@ -117,25 +116,9 @@ def evaluate(
         from agentic_grpo.subagents.sources import attach_adapters
 
         attach_adapters(model, parts.all_agents())
-    own_pool = sandbox_pool is None
-    pool = parts.sandbox_pool(rank=0) if own_pool else sandbox_pool
-    manager = parts.rollout_manager(tokenizer, pool)
     backend = TransformersBackend(model.eval(), tokenizer, generation_config, eos_ids)
     repeated = [row for row in rows for _ in range(k)]
-    trajectories: list[Trajectory] = []
-    stats = RolloutStats()
-    try:
-        for start in tqdm(range(0, len(repeated), batch_size), desc="eval", disable=not progress):
-            chunk = repeated[start : start + batch_size]
-            prompts = [row_prompt(trajectory_format, r, parts.environment) for r in chunk]
-            done, chunk_stats = manager.rollout(prompts, chunk, backend)
-            trajectories.extend(done)
-            stats.generation_seconds += chunk_stats.generation_seconds
-            stats.tool_seconds += chunk_stats.tool_seconds
-    finally:
-        manager.close()
-        if own_pool and pool is not None:
-            pool.close()
+    trajectories, stats = roll_out_rows(parts, tokenizer, repeated, backend, sandbox_pool, batch_size, progress)
 
     try:
         scores = score_trajectories(rewards, trajectories, repeated)
@@ -174,6 +157,37 @@ def evaluate(
             {**trajectory.to_dict(), "row": plain_columns(row), "rewards": per_reward, "correct": correct[i]}
         )
     return metrics, records
+
+
+def roll_out_rows(
+    parts: RolloutParts,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    backend: Any,
+    sandbox_pool: Any = None,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> tuple[list[Trajectory], RolloutStats]:
+    """One trajectory per row, sampled from `backend` by the recipe's own rollout manager, `batch_size` rows at a
+    time. Code tools run in `sandbox_pool` when given, otherwise in a pool opened and closed here."""
+    own_pool = sandbox_pool is None
+    pool = parts.sandbox_pool(rank=0) if own_pool else sandbox_pool
+    manager = parts.rollout_manager(tokenizer, pool)
+    trajectories: list[Trajectory] = []
+    stats = RolloutStats()
+    try:
+        for start in tqdm(range(0, len(rows), batch_size), desc="eval", disable=not progress):
+            chunk = rows[start : start + batch_size]
+            prompts = [row_prompt(parts.trajectory_format, r, parts.environment) for r in chunk]
+            done, chunk_stats = manager.rollout(prompts, chunk, backend)
+            trajectories.extend(done)
+            stats.generation_seconds += chunk_stats.generation_seconds
+            stats.tool_seconds += chunk_stats.tool_seconds
+    finally:
+        manager.close()
+        if own_pool and pool is not None:
+            pool.close()
+    return trajectories, stats
 
 
 def correctness_reward_name(rewards: list, name: str | None = None) -> str:

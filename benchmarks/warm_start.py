@@ -93,7 +93,7 @@ def single_tool(environment: Any) -> tuple[str, str]:
 def demonstrations(built: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> list[Any]:
     """The worked solutions of `rows` as trajectories of the recipe's own rollout manager; raises ValueError when one
     is not a right answer after error-free, paid calls."""
-    from agentic_grpo.data import row_prompt
+    from agentic_grpo.evaluate import roll_out_rows
     from agentic_grpo.formats.react import ReActFormat
 
     parts = built.rollout_parts
@@ -103,18 +103,7 @@ def demonstrations(built: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> li
         )
     tool, argument = single_tool(parts.environment)
     backend = WorkedSolutions(tokenizer, rows, tool, argument, [tokenizer.eos_token_id])
-    pool = parts.sandbox_pool(rank=0)
-    manager = parts.rollout_manager(tokenizer, pool)
-    trajectories = []
-    try:
-        for start in range(0, len(rows), 16):
-            chunk = rows[start : start + 16]
-            prompts = [row_prompt(parts.trajectory_format, row, parts.environment) for row in chunk]
-            trajectories += manager.rollout(prompts, chunk, backend)[0]
-    finally:
-        manager.close()
-        if pool is not None:
-            pool.close()
+    trajectories, _ = roll_out_rows(parts, tokenizer, rows, backend)
     for row, trajectory in zip(rows, trajectories, strict=True):
         problem = demonstration_problem(row, trajectory)
         if problem:
