@@ -15,7 +15,8 @@ turns k = 0..K_i-1 (K_i varies: trajectories stop when they answer); r_{i,k} is 
 TRL's GRPO advantage of R_i; s_{i,k} the environment's state hash before turn k (`ToolEnvironment.state_hash`);
 lambda = `turn_lambda`, gamma = `turn_gamma`.
 
-outcome (default, TRL's GRPO untouched): every token of trajectory i gets A_i.
+outcome (default, TRL's GRPO): every token of trajectory i gets A_i (exactly 0 in a group whose outcomes are
+equal, `flat_groups`).
 
 turn:
     G_{i,k} = sum_{j=k}^{K_i-1} gamma^(j-k) r_{i,j}          return of turn rewards from turn k on
@@ -63,8 +64,11 @@ import torch
 from agentic_grpo.trajectory import Trajectory
 
 ESTIMATORS = ("outcome", "turn", "anchor")
-# Below this an advantage is zero: TRL's own advantages of a zero-std group are exactly 0.
+# Below this an advantage is zero: a flat group's advantages are set to exactly 0 (`flat_groups`).
 _ZERO = 1e-6
+# Rewards within this much of each other (relative to their size, at least 1) are equal: float32 rounding of
+# rewards of size 1 is ~1e-7, and a real difference this small carries no signal worth a policy step.
+_FLAT = 1e-6
 
 
 class RewardValueError(ValueError):
@@ -328,6 +332,31 @@ def token_advantages(
     return out
 
 
+def flat_groups(outcomes: Sequence[float], group_size: int) -> list[bool]:
+    """Per trajectory: whether every scored outcome R of its group (consecutive runs of `group_size`) is the same,
+    so that the group carries no outcome signal.
+
+    Their advantages must be exactly 0, and TRL's are not: it divides each reward's distance from the group's
+    float32 mean by the group's std, and for equal rewards that are no binary fraction (0.2, a judge's 0.7) the mean
+    misses them by a rounding residue of ~1e-8 that the division turns into advantages of 1e-4 to 1e-3, all of one
+    sign. Adam divides the gradient's scale away, so a batch of such groups would move the policy a real step on
+    rounding noise (and TRL counts none of them in `frac_reward_zero_std`)."""
+    if len(outcomes) % group_size:
+        raise ValueError(f"{len(outcomes)} trajectories do not split into groups of {group_size}")
+    flat = []
+    for start in range(0, len(outcomes), group_size):
+        flat += [all_equal(outcomes[start : start + group_size])] * group_size
+    return flat
+
+
+def all_equal(rewards: Sequence[float]) -> bool:
+    """Whether the scored (not NaN) `rewards` are one value, to within float32 rounding: a group without signal."""
+    scored = [r for r in rewards if not math.isnan(r)]
+    if not scored:
+        return True
+    return max(scored) - min(scored) <= _FLAT * max([1.0, *(abs(r) for r in scored)])
+
+
 def credit_metrics(
     data: Sequence[TurnData], group_size: int, lam: float = 1.0, gamma: float = 1.0, max_turns: int | None = None
 ) -> dict[str, float]:
@@ -370,14 +399,23 @@ def assign_turn_credit(
     """This process's (B, width) token advantages (None for `outcome`: TRL's stay) and the step's credit metrics.
 
     Every process's `TurnData` is gathered first (rank order = TRL's global order), so a group split over
-    processes is estimated whole; each process then keeps its own rows, as TRL slices its advantages.
+    processes is estimated whole; each process then keeps its own rows, as TRL slices its advantages. The
+    outcome advantages of flat groups (`flat_groups`) are set to 0 first, in `outcome_advantages` itself; the
+    metrics' `frac_reward_zero_std` is the share of groups that are flat.
     """
     local = [TurnData.of(t, a, weights) for t, a in zip(trajectories, outcome_advantages.tolist(), strict=True)]
     everyone = gather(local)
+    flat = flat_groups([d.outcome for d in everyone], group_size)
+    for data, silent in zip(everyone, flat, strict=True):
+        if silent:
+            data.advantage = 0.0
+    first = process_index * len(local)
+    mine = torch.tensor(flat[first : first + len(local)], device=outcome_advantages.device)
+    outcome_advantages.masked_fill_(mine, 0.0)
     metrics = credit_metrics(everyone, group_size, lam, gamma, max_turns)
+    metrics["frac_reward_zero_std"] = sum(flat) / max(1, len(flat))
     if estimator == "outcome":
         return None, metrics
-    first = process_index * len(local)
     mine = per_turn_advantages(everyone, group_size, estimator, lam, gamma)[first : first + len(local)]
     for trajectory, values in zip(trajectories, mine, strict=True):
         trajectory.turn_advantages = list(values)

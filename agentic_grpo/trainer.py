@@ -218,6 +218,7 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         )
         if tokens is not None:
             output["advantages"] = tokens
+        self.log_metrics({"frac_reward_zero_std": metrics.pop("frac_reward_zero_std")}, mode, replace=True)
         self.log_metrics(metrics)
 
     def log_metrics(self, values: dict[str, float], mode: str | None = None, replace: bool = False) -> None:

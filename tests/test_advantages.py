@@ -12,8 +12,10 @@ import torch
 from agentic_grpo.advantages import (
     TurnData,
     anchor_advantages,
+    assign_turn_credit,
     credit_metrics,
     discounted_returns,
+    flat_groups,
     per_turn_advantages,
     token_advantages,
     turn_advantages,
@@ -226,3 +228,65 @@ def test_no_signal_share_per_estimator():
     assert metrics["credit/turn_reward/turn_1"] == pytest.approx(0.5 / 4)
     assert metrics["credit/turn_reward/turn_2"] == pytest.approx(0.5 / 2)
     assert metrics["credit/turn_reward/sum"] == pytest.approx(1.0 / 4)
+
+
+def trls_group_advantages(rewards: list[float], group_size: int) -> torch.Tensor:
+    """TRL's GRPO advantages (`scale_rewards="group"`), in float32 with TRL's own functions."""
+    from trl.trainer.utils import nanstd
+
+    grouped = torch.tensor(rewards, dtype=torch.float32).view(-1, group_size)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    return ((grouped - mean) / (nanstd(grouped, dim=1).unsqueeze(1) + 1e-4)).view(-1)
+
+
+def test_a_group_of_equal_rewards_gets_exactly_zero_advantages_where_trls_rounding_leaves_some():
+    rewards = [0.2] * 8 + [1.2] * 8 + [0.0] * 4 + [1.5] * 4  # flat, flat (no binary fractions), a real split
+    trl = trls_group_advantages(rewards, 8)
+    # The residue guarded against: equal rewards, advantages of ~1e-4 to 1e-3, all of one sign per group.
+    assert trl[:16].abs().min() > 1e-5 and len({a > 0 for a in trl[:8].tolist()}) == 1
+    batch = [trajectory(("model", 2)) for _ in rewards]
+    for t, r in zip(batch, rewards, strict=True):
+        t.rewards = {"correctness": r}
+    advantages = trl.clone()
+    tokens, metrics = assign_turn_credit(
+        batch, advantages, {"correctness": 1.0}, estimator="outcome", lam=1.0, gamma=1.0, group_size=8, width=2,
+        gather=lambda local: local, process_index=0,
+    )  # fmt: skip
+    assert tokens is None  # outcome: TRL's advantages stay, with the flat groups' set to 0
+    assert advantages[:16].tolist() == [0.0] * 16
+    assert advantages[16:].tolist() == trl[16:].tolist()  # a real split is untouched
+    assert metrics["frac_reward_zero_std"] == pytest.approx(2 / 3)
+    assert metrics["credit/frac_reward_zero_std/outcome"] == pytest.approx(2 / 3)
+
+
+def test_flat_groups_ignore_unscored_members_and_see_a_real_difference_however_small_the_rewards():
+    nan = float("nan")
+    assert flat_groups([0.7, nan, 0.7, 0.7], 4) == [True] * 4  # a judge that failed once: the rest agree
+    assert flat_groups([nan] * 2, 2) == [True] * 2
+    assert flat_groups([0.01, 0.02], 2) == [False] * 2
+    assert flat_groups([1000.0, 1000.0 + 1e-4], 2) == [True] * 2  # float32 rounding at that size
+    with pytest.raises(ValueError, match="groups of 4"):
+        flat_groups([0.0] * 6, 4)
+
+
+def test_a_training_batch_of_flat_groups_moves_no_weight(tiny_model_dir, tmp_path):
+    """A real generation whose rewards are all 0.2: the policy's loss and every gradient are exactly 0 (TRL's
+    rounding residue alone would push every sampled completion up or down, and Adam would make that a step)."""
+    from tests.helpers import build_trainer, trainer_loss_and_grads
+    from tests.scripted import case_prompt
+
+    def constant(prompts, completions, **_):
+        return [0.2] * len(prompts)
+
+    rows = [{"prompt": case_prompt("a"), "question": "a", "answer": "1"}] * 8
+    trainer = build_trainer(
+        tiny_model_dir, tmp_path, [constant], rows, environment="agentic_grpo.tools.calculator:Calculator",
+        num_generations=8, per_device_train_batch_size=8, max_completion_length=32, max_tokens_per_turn=16,
+        max_turns=2, beta=0.0, save_trajectories_steps=0,
+    )  # fmt: skip
+    inputs = trainer.generate_and_score(rows)
+    assert inputs["advantages"].tolist() == [0.0] * 8
+    assert trainer.logged_values("frac_reward_zero_std")[-1] == 1.0
+    loss, grads = trainer_loss_and_grads(trainer, inputs)
+    assert grads and all(g.abs().max() == 0 for g in grads.values())
+    assert loss.item() == 0.0

@@ -129,6 +129,15 @@ def test_advantages_are_grouped_by_query_per_role():
     assert summary["a"]["samples"] == 5 and summary["b"] == {"reward": 5.0, "samples": 1.0}
 
 
+def test_a_roles_group_of_equal_rewards_gets_exactly_zero_advantages():
+    """Three children paid 0.1 each: in floats their mean misses 0.1 by a rounding residue, which the std
+    division would turn into advantages of one sign; they get exactly 0."""
+    rows = [[ChildSample("a", [1], [2], [1], reward=0.1, role_scores=())] for _ in range(3)]
+    assert sum([0.1] * 3) / 3 != 0.1  # the residue
+    assign_advantages(rows, group_size=3, first_row=0, scale_rewards="group")
+    assert [row[0].advantage for row in rows] == [0.0] * 3
+
+
 def test_a_roles_reward_that_gives_none_counts_as_its_groups_mean_not_zero():
     """Two role rewards (already weighted); G=2. The first reward gave None for three of the four children."""
     nan = math.nan

@@ -13,7 +13,8 @@ the one base model. The policy (TRL's adapter, `default`) is the role `policy`. 
 - Groups: a role's group is every call it answered under the G samples of one query (a parent that called
   it twice gives two samples). Advantage = (reward - group mean) / (group std + 1e-4), with TRL's
   `scale_rewards` (`group`, `batch`: std over all the role's samples, `none`: no division). A group of one
-  sample has advantage 0. Groups are formed over every process (the rewards are gathered), as TRL does.
+  sample, or of equal rewards (`advantages.all_equal`), has advantage 0 exactly. Groups are formed over every
+  process (the rewards are gathered), as TRL does.
 - Loss: in each micro-batch, the children of that micro-batch's rows, with the role's adapter active: TRL's own
   loss, the policy's, on a batch of the children (`role_loss`, where the scaling of a share is). In one process
   without DeepSpeed, each child's share is back-propagated on its own, before the policy's forward, so one
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 from accelerate.utils import DistributedType, gather_object
 
+from agentic_grpo.advantages import all_equal
 from agentic_grpo.canaries import CanaryError, canary_limit, likely_causes, logprob_agreement, sampler_disagreement
 from agentic_grpo.reward_setup import score_trajectories
 from agentic_grpo.subagents.adapters import adapter_active
@@ -178,7 +180,7 @@ def assign_advantages(
             mean = sum(rewards) / len(rewards)
             spread = by_role[sample.role] if scale_rewards == "batch" else rewards
             std = _std(spread)
-            advantage = sample.reward - mean if len(rewards) > 1 else 0.0
+            advantage = 0.0 if all_equal(rewards) else sample.reward - mean  # flat: exactly 0, as the policy's
             sample.advantage = advantage / (std + 1e-4) if scale_rewards != "none" else advantage
             sample.role_tokens = tokens[sample.role]
     return {role: {"reward": sum(r) / len(r), "samples": float(len(r))} for role, r in by_role.items()}
