@@ -12,7 +12,9 @@ Arms (each a real `train` run of the recipe with one change):
 Every `--eval-every` steps a checkpoint is saved; afterwards each is evaluated on the recipe's held-out
 split (greedy pass@1) for strict accuracy: the right answer, with every turn in the format. The area
 under each accuracy-vs-step curve (trapezoids, divided by the steps, so 1.0 = always right) sums a run.
-Writes `credit.json` and `credit.png` to the output directory.
+Each run also reports what its sampled trajectories offered to learn from (`training`): the share of groups
+whose rewards differ, and of trajectories right and paid a per-turn reward. Writes `credit.json` and
+`credit.png` to the output directory.
 
 `--start-from ADAPTER` warm-starts every arm: the saved LoRA adapter (e.g. a trained calculator agent's) is
 merged into its base once, and that model is step 0, each arm's starting weights under a new adapter, and its
@@ -120,6 +122,27 @@ def train_and_evaluate(
     }
 
 
+def training_signal(run_dir: Path, group_size: int, correctness: str) -> dict[str, float] | None:
+    """What a run's sampled trajectories offered to learn from (its `trajectories/step_N.jsonl`, a step's groups
+    consecutive): the share of groups whose rewards differ (outcome-only GRPO learns from no other), and of
+    trajectories right and paid a per-turn reward. None when the run kept no trajectories."""
+    from agentic_grpo.advantages import all_equal
+
+    records = []
+    for path in sorted((run_dir / "trajectories").glob("step_*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not records or len(records) % group_size:
+        return None
+    rewards = [math.nan if r.get("reward") is None else r["reward"] for r in records]
+    groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
+    right = [(r.get("rewards") or {}).get(correctness) or 0.0 for r in records]
+    return {
+        "groups_with_signal": sum(not all_equal(g) for g in groups) / len(groups),
+        "right": sum(value >= 1.0 for value in right) / len(records),
+        "earn_turn_reward": sum(any(x > 0 for x in r.get("turn_rewards") or []) for r in records) / len(records),
+    }
+
+
 def area_under_curve(steps: list[int], values: list[float]) -> float:
     """Trapezoid area under values(step), divided by the step span: the curve's mean height."""
     if len(steps) < 2:
@@ -209,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             budget = {"recipe": yaml.safe_load(recipe_path.read_text()), "steps": steps, "questions": args.questions}
             run = functools.partial(train_and_evaluate, recipe_path, run_dir, steps, start_point, args.questions)
             runs[str(seed)] = cached(out / f"{arm}-seed{seed}.json", budget, run)
+            signal = training_signal(run_dir, base["num_generations"], base.get("correctness_reward", "correctness"))
+            if signal is not None:
+                runs[str(seed)]["training"] = signal
         auc_mean, auc_std = mean_std([r["auc"] for r in runs.values()])
         result["arms"][arm] = {"auc_mean": auc_mean, "auc_std": auc_std, "seeds": runs}
     result["command"] = " ".join(["agentic-grpo bench credit", *(argv if argv is not None else sys.argv[1:])])

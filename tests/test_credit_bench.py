@@ -35,6 +35,8 @@ def test_four_arms_train_evaluate_and_report_auc_and_a_plot(tmp_path):
         run = arm["seeds"]["0"]
         assert run["steps"] == [0, 1] and len(run["strict_accuracy"]) == 2
         assert run["auc"] == (run["strict_accuracy"][0] + run["strict_accuracy"][1]) / 2
+        assert set(run["training"]) == {"groups_with_signal", "right", "earn_turn_reward"}
+        assert all(0.0 <= value <= 1.0 for value in run["training"].values())
     assert (out / "credit.png").stat().st_size > 0
 
     def last_metrics(arm: str) -> dict:
@@ -113,3 +115,20 @@ def test_a_warm_start_is_the_adapter_merged_into_its_base_and_is_made_once(tmp_p
     assert merged_start(adapter, tmp_path / "bench") == start and (start / "config.json").stat().st_mtime_ns == made
     with pytest.raises(SystemExit, match="no saved LoRA adapter"):
         merged_start(tmp_path / "bench", tmp_path / "bench")
+
+
+def test_training_signal_counts_split_groups_right_and_paid_trajectories(tmp_path):
+    from agentic_grpo.benchmarks.credit import training_signal
+
+    def record(reward: float, right: float, turns: list[float]) -> str:
+        return json.dumps({"reward": reward, "rewards": {"correctness": right}, "turn_rewards": turns})
+
+    steps = tmp_path / "trajectories"
+    steps.mkdir()
+    flat = [record(0.20000000298023224, 0.0, [0.5, 0.0])] * 4  # four equal (float32) rewards, two paid turns
+    split = [record(1.2, 1.0, [0.5, 0.5])] * 3 + [record(0.2, 0.0, [0.0])]
+    (steps / "step_000001.jsonl").write_text("\n".join(flat) + "\n")
+    (steps / "step_000002.jsonl").write_text("\n".join(split) + "\n")
+    signal = training_signal(tmp_path, group_size=4, correctness="correctness")
+    assert signal == {"groups_with_signal": 0.5, "right": 3 / 8, "earn_turn_reward": 7 / 8}
+    assert training_signal(tmp_path / "none", group_size=4, correctness="correctness") is None
