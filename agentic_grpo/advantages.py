@@ -410,8 +410,8 @@ def assign_turn_credit(
         if silent:
             data.advantage = 0.0
     first = process_index * len(local)
-    mine = torch.tensor(flat[first : first + len(local)], device=outcome_advantages.device)
-    outcome_advantages.masked_fill_(mine, 0.0)
+    silent_here = torch.tensor(flat[first : first + len(local)], device=outcome_advantages.device)
+    outcome_advantages.masked_fill_(silent_here, 0.0)
     metrics = credit_metrics(everyone, group_size, lam, gamma, max_turns)
     metrics["frac_reward_zero_std"] = sum(flat) / max(1, len(flat))
     if estimator == "outcome":

@@ -126,7 +126,7 @@ def training_signal(run_dir: Path, group_size: int, correctness: str) -> dict[st
     """What a run's sampled trajectories offered to learn from (its `trajectories/step_N.jsonl`, a step's groups
     consecutive): the share of groups whose rewards differ (outcome-only GRPO learns from no other), and of
     trajectories right and paid a per-turn reward. None when the run kept no trajectories."""
-    from agentic_grpo.advantages import all_equal
+    from agentic_grpo.advantages import flat_groups
 
     records = []
     for path in sorted((run_dir / "trajectories").glob("step_*.jsonl")):
@@ -134,10 +134,10 @@ def training_signal(run_dir: Path, group_size: int, correctness: str) -> dict[st
     if not records or len(records) % group_size:
         return None
     rewards = [math.nan if r.get("reward") is None else r["reward"] for r in records]
-    groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
+    flat = flat_groups(rewards, group_size)  # per trajectory, so the share of trajectories is the share of groups
     right = [(r.get("rewards") or {}).get(correctness) or 0.0 for r in records]
     return {
-        "groups_with_signal": sum(not all_equal(g) for g in groups) / len(groups),
+        "groups_with_signal": 1 - sum(flat) / len(flat),
         "right": sum(value >= 1.0 for value in right) / len(records),
         "earn_turn_reward": sum(any(x > 0 for x in r.get("turn_rewards") or []) for r in records) / len(records),
     }
