@@ -59,8 +59,10 @@ def check_async_config(args: Any) -> None:
     reasons = []
     if args.use_vllm:
         reasons.append("the sampler is HF generation in a thread of its own: set `use_vllm: false`")
-    if args.subagents or args.experimental:
-        reasons.append("sub-agents and `experimental:` options sample with the trainer's own weights")
+    # Per-turn credit only reweighs advantages, which the importance weight multiplies like any other.
+    sampling = sorted(set(args.experimental or {}) - {"advantage", "turn_lambda", "turn_gamma"})
+    if args.subagents or sampling:
+        reasons.append("sub-agents and the `experimental:` action-slot options sample with the trainer's own weights")
     if args.num_iterations != 1 or (args.steps_per_generation or args.gradient_accumulation_steps) != (
         args.gradient_accumulation_steps
     ):

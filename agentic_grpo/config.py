@@ -36,7 +36,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "Tools and sandbox": ("tool_timeout", "tool_workers", "sandbox"),
     "Rewards and evaluation": ("on_reward_error", "correctness_reward", "eval_before_after", "eval_questions"),
-    "Credit and KL": ("advantage", "turn_lambda", "turn_gamma", "kl_control", "read_prompt_once", "beta"),
+    "Credit and KL": ("kl_control", "read_prompt_once", "beta"),
     "Sub-agents": ("subagents",),
     "Logging and outputs": ("save_trajectories_steps", "overwrite_output_dir", "wandb_mode", "bf16"),
     "Canaries: checks that stop a silently wrong run": ("canary_logprob_limit",),
@@ -56,7 +56,7 @@ class AgenticGRPOConfig(GRPOConfig):
     `max_tokens_per_turn`, `max_tool_output_tokens`.
     Tools and sandbox: `tool_timeout`, `tool_workers`, `sandbox` (mode and limits, one setting).
     Rewards and evaluation: `on_reward_error`, `correctness_reward`, `eval_before_after`, `eval_questions`.
-    Credit and KL: `advantage`, `turn_lambda`, `turn_gamma`, `kl_control`, `read_prompt_once`.
+    Credit and KL: `kl_control`, `read_prompt_once`.
     Sub-agents: `subagents`.
     Logging and outputs: `save_trajectories_steps`, `overwrite_output_dir`, `wandb_mode`.
     Canaries: `canary_logprob_limit` (agentic_grpo.canaries).
@@ -145,16 +145,6 @@ class AgenticGRPOConfig(GRPOConfig):
     eval_questions: int = _field(48, "Test questions `eval_before_after` uses (the first N of the split).")
 
     # --- credit and KL
-    advantage: str = _field(
-        "outcome",
-        "Advantage estimator (formulas in agentic_grpo.advantages): `outcome` (TRL's GRPO: one advantage per "
-        "trajectory), `turn` (plus turn_lambda x the return of per-turn rewards from each turn on, against the "
-        "leave-one-out mean of the other group members that reached that turn), `anchor` (plus turn_lambda x each "
-        "turn's return, outcome included, against the other members' turns taken from the same environment "
-        "state; needs an environment with `state_hash`).",
-    )  # fmt: skip
-    turn_lambda: float = _field(1.0, "Weight of the turn-level term of the `turn` and `anchor` advantages.")
-    turn_gamma: float = _field(1.0, "Discount of later turns' rewards in the `turn` and `anchor` returns, in (0, 1].")
     kl_control: dict | str | None = _field(
         None,
         "Adaptive KL: `{preset: tool_use|exploration|stable}` and/or `{target, factor, min, max}` (agentic_grpo."
@@ -251,12 +241,6 @@ class AgenticGRPOConfig(GRPOConfig):
             self.experiments  # noqa: B018
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
-        if self.advantage not in ("outcome", "turn", "anchor"):
-            raise ValueError(f"advantage must be `outcome`, `turn` or `anchor`, got `{self.advantage}`")
-        if not 0.0 < self.turn_gamma <= 1.0:
-            raise ValueError(f"turn_gamma must be in (0, 1], got {self.turn_gamma}")
-        if self.turn_lambda < 0:
-            raise ValueError(f"turn_lambda must be >= 0, got {self.turn_lambda}")
         if self.on_reward_error not in ("raise", "none"):
             raise ValueError(f"on_reward_error must be `raise` or `none`, got `{self.on_reward_error}`")
         if self.canary_logprob_limit is not None and self.canary_logprob_limit < 0:
@@ -420,8 +404,14 @@ def check_recipe_keys(recipe: Any, path: Path | str) -> None:
         raise ValueError(f"recipe `{path}` must be a YAML mapping of field: value")
     known = {f.name for t in RECIPE_TYPES for f in fields(t)} | {"env"}
     for key in recipe:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else "; `--help` lists every field"
-            where = "the command line" if path == "command line" else f"recipe `{path}`"
-            raise ValueError(f"{where}: field `{key}` is not known{hint}")
+        if key in known:
+            continue
+        from agentic_grpo.experimental import ExperimentalConfig  # only to point a misplaced option to its key
+
+        where = "the command line" if path == "command line" else f"recipe `{path}`"
+        if key in {f.name for f in fields(ExperimentalConfig)}:
+            raise ValueError(f"{where}: `{key}` is an experimental option: set it under `experimental:` "
+                             "(agentic_grpo.experimental)")  # fmt: skip
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"; did you mean `{close[0]}`?" if close else "; `--help` lists every field"
+        raise ValueError(f"{where}: field `{key}` is not known{hint}")

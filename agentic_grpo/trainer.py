@@ -10,8 +10,8 @@ training step, in order:
    returns prompt/completion ids, the loss mask (`env_mask`) and the `Trajectory` records.
 3. `_calculate_rewards` (TRL's, wrapped): the rewards score each trajectory; a missing reward (`None`) is
    filled with its group's mean, and each trajectory records what it was paid.
-4. Advantages, one step in one order (`_advantages`): TRL's group advantage of the outcome, then per-turn credit
-   (recipe field `advantage`).
+4. Advantages (`_advantages`): TRL's group advantage of the outcome, exactly 0 in a group whose outcomes are
+   equal (`agentic_grpo.advantages.flat_groups`).
 5. `compute_loss`: TRL's loss, read in pieces recomputed in backward (`agentic_grpo.chunked_logps`). Every read
    of the trajectories numbers positions from the attention mask, as the sampler does
    (`_get_per_token_logps_and_entropies`, `agentic_grpo.shrinking_batch`).
@@ -42,7 +42,7 @@ from trl import GRPOTrainer
 
 from agentic_grpo.advantages import (
     RewardValueError,
-    assign_turn_credit,
+    assign_outcome_credit,
     fill_missing_with_group_mean,
     raw_reward_means,
 )
@@ -198,26 +198,19 @@ class AgenticGRPOTrainer(ResumeCanary, ResumableOrder, AtomicCheckpoints, Chunke
         return self._generate_and_score_completions(rows)
 
     def _advantages(self, inputs: list[dict[str, Any]], rows: list[dict[str, Any]], output: dict[str, Any]) -> None:
-        """The one advantage step, in this order: TRL's group advantage of each trajectory's outcome (already in
-        `output["advantages"]`), then per-token credit per turn (recipe field `advantage`). Layers add theirs after
-        (`rows`: each row's dataset columns)."""
+        """The one advantage step: TRL's group advantage of each trajectory's outcome (already in
+        `output["advantages"]`), exactly 0 in a group without signal (`assign_outcome_credit`). Layers add theirs
+        after (`rows`: each row's dataset columns)."""
         mode = "train" if self.model.training else "eval"
-        trajectories = [row["trajectory"] for row in inputs]
-        tokens, metrics = assign_turn_credit(
-            trajectories,
+        metrics = assign_outcome_credit(
+            [row["trajectory"] for row in inputs],
             output["advantages"],
             dict(zip(self.reward_func_names, self.reward_weights.tolist(), strict=True)),
-            estimator=self.args.advantage,
-            lam=self.args.turn_lambda,
-            gamma=self.args.turn_gamma,
             group_size=self.num_generations if mode == "train" else self.num_generations_eval,
-            width=output["completion_ids"].shape[1],
             gather=gather_object,
             process_index=self.accelerator.process_index,
             max_turns=self.args.max_turns,
         )
-        if tokens is not None:
-            output["advantages"] = tokens
         self.log_metrics({"frac_reward_zero_std": metrics.pop("frac_reward_zero_std")}, mode, replace=True)
         self.log_metrics(metrics)
 

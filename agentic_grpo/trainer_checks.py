@@ -21,17 +21,11 @@ def check_setup(
     """Every set-up check of a run, before a model loads: the trainer's layout (`check_trainer_setup`), what the
     recipe's trajectory format and environment must offer, that `trainer_class` has the layers the recipe uses,
     and each layer's own `check_layer_setup(args, rollout_parts)`; raises ValueError with one clear message."""
-    from agentic_grpo.environment import ToolEnvironment
     from agentic_grpo.vllm_backend import NO_CONSTRAINED_ACTIONS
 
     check_trainer_setup(args, reward_funcs, rollout_parts.all_agents(), peft=peft)
     if args.use_vllm and getattr(rollout_parts.trajectory_format, "action_choices", None):
         raise ValueError(NO_CONSTRAINED_ACTIONS)
-    if args.advantage == "anchor" and rollout_parts.environment.state_hash is ToolEnvironment.state_hash:
-        raise ValueError(
-            f"`advantage: anchor` groups turns by the environment's state, but `{rollout_parts.environment.__name__}` "
-            "defines no `state_hash()`: add one to the environment, or use `advantage: turn` or `outcome`"
-        )
     layers = {getattr(layer, "layer", None) for layer in trainer_class.__mro__}
     needed = {"subagents": rollout_parts.agents, "experimental": args.experimental, "async": args.async_rollouts}
     missing = sorted(name for name, need in needed.items() if need and name not in layers)

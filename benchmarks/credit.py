@@ -1,6 +1,7 @@
 """Does per-turn credit beat outcome-only GRPO? Four arms, same seeds, data order and budget. Prints JSON.
 
-Arms (each a real `train` run of the recipe with one change):
+Arms (each a real `train` run of the recipe with one change; the estimator is the experimental option
+`advantage`, agentic_grpo.experimental.turn_credit):
     outcome       `advantage: outcome`: TRL's GRPO on the recipe's rewards
     outcome_sum   `advantage: outcome` plus the summed per-turn rewards as one more scalar reward
                   (`agentic_grpo.rewards.turns:TurnRewardSum`): the same information, no credit assignment.
@@ -56,7 +57,7 @@ ARMS: dict[str, dict[str, Any]] = {
 def arm_recipe(base: dict[str, Any], arm: str, seed: int, max_steps: int, eval_every: int, out: Path) -> dict:
     """The recipe of one run: the base recipe with the arm's estimator, the seed and the shared budget."""
     recipe = dict(base)
-    recipe["advantage"] = ARMS[arm]["advantage"]
+    recipe["experimental"] = {**(base.get("experimental") or {}), "advantage": ARMS[arm]["advantage"]}
     if "extra_reward" in ARMS[arm]:
         recipe["rewards"] = [*base["rewards"], {"type": ARMS[arm]["extra_reward"], "weight": 1.0}]
     recipe.update(

@@ -1,8 +1,8 @@
 """Per-turn rewards folded into the outcome: the control arm of the credit benchmark.
 
 `TurnRewardSum` gives a trajectory the sum of its per-turn rewards as one more scalar reward.
-Trained with `advantage: outcome`, it carries the same extra information as the `turn` and
-`anchor` estimators but no credit assignment: every turn of the trajectory gets the same share.
+Trained with outcome-only GRPO, it carries the same extra information as the experimental `turn`
+and `anchor` estimators (agentic_grpo.experimental.turn_credit) but no credit assignment: every turn of the trajectory gets the same share.
 Put it after any reward plug-in that pays per-turn rewards itself (rewards run in recipe order).
 """
 

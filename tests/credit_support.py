@@ -54,6 +54,6 @@ def build_trainer(
     """The group above on `tests.helpers.build_trainer`, scripted, for stepping by hand."""
     return helpers.build_trainer(
         model_dir, output_dir, [answer_is_right], rows(), scripts=SCRIPTS, peft_config=peft_config,
-        environment=environment, advantage=advantage, per_device_train_batch_size=per_device, max_turns=3,
+        environment=environment, experimental={"advantage": advantage}, per_device_train_batch_size=per_device, max_turns=3,
         max_completion_length=200, max_tokens_per_turn=60, beta=0.04, **config,
     )  # fmt: skip

@@ -8,6 +8,7 @@ batch, and whole contexts). A random model never writes `Action:` on its own, so
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -266,8 +267,18 @@ def test_experimental_options_live_under_their_own_key(tmp_path):
         prepare([*base, "--experimental", "{canonical_actions: true}"])
     with pytest.raises(ValueError, match="action_temperature` must be above 0"):
         prepare([*base, "--format_kwargs", "{constrain_actions: true}", "--experimental", "{action_temperature: 0}"])
-    with pytest.raises(ValueError, match="field `spread_first_action` is not known"):
-        prepare([*base, "--spread_first_action", "true"])  # no longer a top-level field
+    with pytest.raises(
+        ValueError, match="`spread_first_action` is an experimental option: set it under `experimental"
+    ):
+        prepare([*base, "--spread_first_action", "true"])  # not a top-level field
+    recipe = tmp_path / "credit.yaml"
+    recipe.write_text(Path("recipes/ci_tiny.yaml").read_text() + "advantage: turn\n")
+    with pytest.raises(ValueError, match="`advantage` is an experimental option: set it under `experimental:`"):
+        prepare(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match="experimental `turn_gamma` must be in \\(0, 1\\]"):
+        AgenticGRPOConfig(output_dir="unused", experimental={"advantage": "turn", "turn_gamma": 0.0})
+    with pytest.raises(ValueError, match="experimental `advantage` must be `outcome`, `turn` or `anchor`"):
+        AgenticGRPOConfig(output_dir="unused", experimental={"advantage": "turns"})
     with pytest.raises(ValueError, match="option `canonical_action` is not known; did you mean `canonical_actions`"):
         AgenticGRPOConfig(output_dir="unused", experimental={"canonical_action": True})
     prepared = prepare([*base, "--format_kwargs", "{constrain_actions: true}",

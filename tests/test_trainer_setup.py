@@ -10,6 +10,7 @@ from datasets import Dataset
 
 from agentic_grpo.trainer import AgenticGRPOTrainer
 from agentic_grpo.trainer_checks import check_trainer_setup
+from agentic_grpo.trainer_layers import trainer_class
 from tests.scripted import ScriptedBackend, case_prompt
 from tests.trainer_support import SCRIPTS, config, exact
 
@@ -312,7 +313,9 @@ def test_a_cli_run_checks_its_setup_once_and_user_code_gets_the_same_checks(tmp_
     assert len(calls) == 1
     build_trainer(prepared)
     assert len(calls) == 1
-    anchor = config(tmp_path / "anchor", advantage="anchor")  # the Python interpreter has no state_hash
+    anchor = config(tmp_path / "anchor", experimental={"advantage": "anchor"})  # the interpreter has no state_hash
     with pytest.raises(ValueError, match="defines no `state_hash"):
-        AgenticGRPOTrainer(model=prepared.model_path, reward_funcs=[exact], args=anchor, train_dataset=prepared.train)
+        trainer_class(anchor)(
+            model=prepared.model_path, reward_funcs=[exact], args=anchor, train_dataset=prepared.train
+        )
     assert len(calls) == 2

@@ -2,7 +2,8 @@
 
 As `trl.experimental` does for TRL, this package holds what a user should not need to read to use the
 framework. A recipe turns them on under one key, `experimental:`, whose fields are `ExperimentalConfig`'s; they
-are not in the main `--help`. docs/tool_choice.md describes each, and RESULTS.md what they measured.
+are not in the main `--help`. docs/tool_choice.md and docs/turn_credit.md describe them, and RESULTS.md what they
+measured.
 
 - `spread_first_action` (`agentic_grpo.experimental.spread`): hold the first action slot of a GRPO group's G
   rows to G different tools, so every group compares every tool (off-policy exploration).
@@ -12,6 +13,8 @@ are not in the main `--help`. docs/tool_choice.md describes each, and RESULTS.md
 - `canonical_actions`, `action_temperature` (`agentic_grpo.experimental.action_slot`): options of ReAct's
   constrained action slot (a choice that is one token among the tools' first tokens; the tool's name sampled at a
   multiple of the sampling temperature).
+- `advantage`, `turn_lambda`, `turn_gamma` (`agentic_grpo.experimental.turn_credit`): per-turn credit, the
+  environment's per-turn rewards (and states) turned into per-token advantages; docs/turn_credit.md.
 """
 
 from __future__ import annotations
@@ -48,7 +51,28 @@ class ExperimentalConfig:
                   "temperature (greedy decoding is unchanged)."},
     )  # fmt: skip
 
+    advantage: str = field(
+        default="outcome",
+        metadata={"help": "Advantage estimator (formulas in agentic_grpo.experimental.turn_credit): `outcome` (TRL's "
+                  "GRPO), `turn` (plus turn_lambda x each turn's return of per-turn rewards against the other group "
+                  "members' at that turn), `anchor` (plus turn_lambda x each turn's return, outcome included, against "
+                  "the other members' turns from the same environment state; needs `state_hash`)."},
+    )  # fmt: skip
+    turn_lambda: float = field(
+        default=1.0, metadata={"help": "Weight of the turn-level term of the `turn` and `anchor` advantages."}
+    )
+    turn_gamma: float = field(
+        default=1.0,
+        metadata={"help": "Discount of later turns' rewards in the `turn` and `anchor` returns, in (0, 1]."},
+    )
+
     def __post_init__(self) -> None:
+        if self.advantage not in ("outcome", "turn", "anchor"):
+            raise ValueError(f"experimental `advantage` must be `outcome`, `turn` or `anchor`, got `{self.advantage}`")
+        if not 0.0 < self.turn_gamma <= 1.0:
+            raise ValueError(f"experimental `turn_gamma` must be in (0, 1], got {self.turn_gamma}")
+        if self.turn_lambda < 0:
+            raise ValueError(f"experimental `turn_lambda` must be >= 0, got {self.turn_lambda}")
         if self.choice_gradient_weight < 0:
             raise ValueError(f"experimental `choice_gradient_weight` must be 0 (off) or above, got "
                              f"{self.choice_gradient_weight}")  # fmt: skip

@@ -3,6 +3,8 @@ by `agentic_grpo.trainer_layers.trainer_class` where a recipe sets `experimental
 
 - `spread_first_action`: the rollout of a training step holds the first action slot of each group's G rows to
   G different tools (`_sample`).
+- `advantage: turn | anchor`: the advantage step replaces each trajectory's outcome advantage with per-token
+  advantages of its turns (`_advantages`, `agentic_grpo.experimental.turn_credit`).
 - `choice_gradient_weight`: the advantage step adds each row's first-slot targets (`_advantages`), and the loss
   adds the choice-gradient term from the hidden states of TRL's own forward pass (`compute_loss`).
 """
@@ -10,6 +12,8 @@ by `agentic_grpo.trainer_layers.trainer_class` where a recipe sets `experimental
 from __future__ import annotations
 
 from typing import Any
+
+from accelerate.utils import gather_object
 
 from agentic_grpo.experimental.choice_gradient import (
     CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT,
@@ -19,6 +23,7 @@ from agentic_grpo.experimental.choice_gradient import (
     recorded_hidden_states,
 )
 from agentic_grpo.experimental.spread import SPREAD_NEEDS_CONSTRAINED_SLOT, spread_over_groups
+from agentic_grpo.experimental.turn_credit import ANCHOR_NEEDS_STATE, assign_turn_credit
 
 
 def check_experiments(config: Any, parts: Any) -> None:
@@ -29,6 +34,11 @@ def check_experiments(config: Any, parts: Any) -> None:
         raise ValueError(SPREAD_NEEDS_CONSTRAINED_SLOT)
     if experiments.choice_gradient_weight and not getattr(slot, "canonical", False):
         raise ValueError(CHOICE_GRADIENT_NEEDS_CANONICAL_SLOT)
+    if experiments.advantage == "anchor":
+        from agentic_grpo.environment import ToolEnvironment
+
+        if parts.environment.state_hash is ToolEnvironment.state_hash:
+            raise ValueError(ANCHOR_NEEDS_STATE.format(name=parts.environment.__name__))
 
 
 class ExperimentsLayer:
@@ -54,9 +64,11 @@ class ExperimentsLayer:
         return self.rollout_manager.rollout(prompts, rows, self.generation_backend, first_actions)
 
     def _advantages(self, inputs: list[dict[str, Any]], rows: list[dict[str, Any]], output: dict[str, Any]) -> None:
-        """The trainer's advantages, then the choice gradient's slot targets (`output["choice_slots"]`,
-        `["choice_targets"]`)."""
+        """The trainer's advantages, then per-turn credit (`advantage: turn | anchor`) and the choice gradient's slot
+        targets (`output["choice_slots"]`, `["choice_targets"]`)."""
         super()._advantages(inputs, rows, output)
+        if "advantage" in self.args.experimental:  # set, even to `outcome`: the estimators' metrics are logged
+            self._turn_credit(inputs, output)
         if self.choice_tokens is not None and self.model.training:
             trajectories = [row["trajectory"] for row in inputs]
             slots, targets = choice_targets(
@@ -64,6 +76,26 @@ class ExperimentsLayer:
             )
             device = output["completion_ids"].device
             output["choice_slots"], output["choice_targets"] = slots.to(device), targets.to(device)
+
+    def _turn_credit(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> None:
+        """Per-token advantages of each trajectory's turns in place of its outcome advantage, and the estimators'
+        `credit/frac_reward_zero_std/...`."""
+        experiments = self.experiments
+        tokens, metrics = assign_turn_credit(
+            [row["trajectory"] for row in inputs],
+            output["advantages"],
+            dict(zip(self.reward_func_names, self.reward_weights.tolist(), strict=True)),
+            estimator=experiments.advantage,
+            lam=experiments.turn_lambda,
+            gamma=experiments.turn_gamma,
+            group_size=self.num_generations if self.model.training else self.num_generations_eval,
+            width=output["completion_ids"].shape[1],
+            gather=gather_object,
+            process_index=self.accelerator.process_index,
+        )
+        if tokens is not None:
+            output["advantages"] = tokens
+        self.log_metrics(metrics)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The trainer's loss, plus under `choice_gradient_weight` the exact gradient of the tool-choice reward at
