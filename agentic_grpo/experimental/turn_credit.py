@@ -1,7 +1,6 @@
 """Per-turn credit (`experimental: {advantage: turn | anchor}`): the environment's per-turn rewards, and for
 `anchor` its states, turned into per-token advantages, so the turn that earned a reward gets the credit and not
-the whole trajectory. On the credit benchmark it showed no gain over outcome-only GRPO (RESULTS.md, docs/
-mechanisms.md), so it stays out of the core.
+the whole trajectory. Kept out of the core until it shows a gain over outcome-only GRPO (docs/mechanisms.md).
 
 Notation, for one group (the G trajectories of one query): trajectory i has K_i model
 turns k = 0..K_i-1 (K_i varies: trajectories stop when they answer); r_{i,k} is the reward paid for turn k
@@ -30,12 +29,12 @@ trajectories only (leave-one-out), so it is independent of everything trajectory
 k on, including whether it went on to turn k+1 or stopped: E[grad log pi(a_{i,k}) * baseline] = 0
 and the estimate stays unbiased however the lengths vary. A per-turn-index mean that includes
 trajectory i itself, or a per-turn-index std, depends on G_{i,k} and so biases every "take
-another turn" decision (tests/test_advantages.py measures both by exact enumeration). GiGPO
+another turn" decision (tests/test_turn_estimators.py measures both by exact enumeration). GiGPO
 uses the plain mean (and optionally the std) of its step groups; here the same leave-one-out
 rule holds for anchors, and all turns of trajectory i itself are left out of its own anchor set.
 An anchor state no other member visited gets a baseline of 0, as the `turn` estimator's turns that
 no one else reached. GiGPO drops the step term there (nothing to compare with); that is biased, and
-not by a little: on the stop/go problem of tests/test_advantages.py its expected gradient is about
+not by a little: on the stop/go problem of tests/test_turn_estimators.py its expected gradient is about
 three times the true one, against exactly the true one with the zero baseline.
 
 Token-level: each model token of turn k gets A_{i,k}; tool-output tokens get 0 and stay masked
