@@ -51,9 +51,11 @@ def build_trainer(
     peft_config: Any = None,
     **config: Any,
 ) -> AgenticGRPOTrainer:
-    """The group above on `tests.helpers.build_trainer`, scripted, for stepping by hand."""
+    """The group above on `tests.helpers.build_trainer`, scripted, for stepping by hand (`advantage`: the
+    experimental estimator, joined to any other `experimental` options)."""
+    experimental = {**config.pop("experimental", {}), "advantage": advantage}
     return helpers.build_trainer(
         model_dir, output_dir, [answer_is_right], rows(), scripts=SCRIPTS, peft_config=peft_config,
-        environment=environment, experimental={"advantage": advantage}, per_device_train_batch_size=per_device, max_turns=3,
+        environment=environment, experimental=experimental, per_device_train_batch_size=per_device, max_turns=3,
         max_completion_length=200, max_tokens_per_turn=60, beta=0.04, **config,
     )  # fmt: skip
