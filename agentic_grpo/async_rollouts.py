@@ -59,8 +59,11 @@ def check_async_config(args: Any) -> None:
     reasons = []
     if args.use_vllm:
         reasons.append("the sampler is HF generation in a thread of its own: set `use_vllm: false`")
-    # Per-turn credit only reweighs advantages, which the importance weight multiplies like any other.
-    sampling = sorted(set(args.experimental or {}) - {"advantage", "turn_lambda", "turn_gamma"})
+    sampling = []
+    if args.experimental:  # per-turn credit only reweighs advantages, which the importance weight multiplies
+        from agentic_grpo.experimental import TURN_CREDIT_OPTIONS
+
+        sampling = sorted(set(args.experimental) - set(TURN_CREDIT_OPTIONS))
     if args.subagents or sampling:
         reasons.append("sub-agents and the `experimental:` action-slot options sample with the trainer's own weights")
     if args.num_iterations != 1 or (args.steps_per_generation or args.gradient_accumulation_steps) != (

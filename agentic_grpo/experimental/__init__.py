@@ -25,6 +25,9 @@ from typing import Any
 
 import yaml
 
+TURN_CREDIT_OPTIONS = ("advantage", "turn_lambda", "turn_gamma")
+"""The options of per-turn credit (`agentic_grpo.experimental.turn_credit`): they reweigh advantages, no sampling."""
+
 
 @dataclass(frozen=True)
 class ExperimentalConfig:
