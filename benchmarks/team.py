@@ -9,14 +9,12 @@ sub-agent `adapter_path` named the specialist recipe's `output_dir`):
 - **untrained**: the router recipe with the base model as the orchestrator;
 - **oracle**: each of the router's held-out questions given whole, as the router's example gives it, to the
   specialist its row names (`expected_tools`), that specialist's final answer scored: the ceiling of routing;
-- **trained**: the router trained by its recipe;
-- **outcome**: the router trained by its recipe on the outcome alone: every reward that reads the rows' labels
-  of the right specialist (`expected_tools`, e.g. `ToolChoice`) dropped, so the choice is learned from whether the
-  answer was right;
-- **one_call**: the `outcome` router allowed one turn (`max_turns: 1`), so its one call decides: the right
-  specialist's handed-over answer is the only way to be right (with two turns a wrong first call costs nothing
-  when the second is right, and the `outcome` router learned a fallback that ignores the question);
-- **untrained_one_call**: the `one_call` router's recipe with the base model as the orchestrator, its baseline;
+- **trained**: the router trained by its recipe (the shipped one makes one call and is paid for the answer alone);
+- **two_calls**: the router allowed a second turn (`max_turns: 2`): after a wrong first call it may ask again, so
+  a wrong call costs nothing when the second one is right;
+- **untrained_two_calls**: the `two_calls` recipe with the base model as the orchestrator, its baseline;
+- **tool_choice**: the `two_calls` router also paid for asking the specialist its row names (`ToolChoice`, weight
+  0.5): a reward that reads the rows' labels;
 - **generalist**: one adapter trained by `--generalist` (the router's question mixture, every specialist's
   tool) for as many sampled trajectories as the specialists and the router together;
 - **cotrained**: the router trained together with the specialist `--cotrain` names, which starts untrained (a
@@ -30,7 +28,7 @@ the reference itself). Each evaluation's trajectories are kept beside its result
 can be run an arm at a time (`--arms`).
 
     agentic-grpo bench team --seeds 0 1 2                          # every arm, three seeds
-    agentic-grpo bench team --seeds 0 --arms untrained oracle       # the two arms that train nothing
+    agentic-grpo bench team --seeds 0 --arms untrained oracle       # two of the arms that train nothing
     agentic-grpo bench team --seeds 0 --arms trained cotrained      # one after the other, against together
 """
 
@@ -53,9 +51,8 @@ from agentic_grpo.benchmarks._stored import adapter_digest, cached
 from agentic_grpo.benchmarks.learning import held_out, pinned_training_rows, strictly_correct, train
 from agentic_grpo.subagents.spec import SubAgentConfig
 
-ARMS = ("untrained", "untrained_one_call", "oracle", "trained", "outcome", "one_call", "generalist", "cotrained")
-LABEL_TERMS = ("choice_gradient_weight",)
-"""Experimental options that train on the rows' `expected_tools`, off in the `outcome` arm."""
+ARMS = ("untrained", "oracle", "trained", "untrained_two_calls", "two_calls", "tool_choice", "generalist", "cotrained")
+TOOL_CHOICE = "agentic_grpo.rewards.selection:ToolChoice"
 SPECIALISTS = ("team_arithmetic", "team_units", "team_dates")
 
 
@@ -110,24 +107,15 @@ def router_over(router: dict[str, Any], specialists: dict[str, str]) -> dict[str
     return {**router, "subagents": entries}
 
 
-def outcome_router(router: dict[str, Any]) -> dict[str, Any]:
-    """The router recipe with every reward that reads the rows' `expected_tools` (the right specialist's label)
-    dropped, and every experimental term that trains on it off; raises ValueError when no reward is left."""
-    from agentic_grpo.reward_setup import build_rewards, required_columns
-    from agentic_grpo.rollout_metrics import EXPECTED_TOOLS_COLUMN
-
-    specs = list(router.get("rewards") or [])
-    rewards, _ = build_rewards(specs)
-    kept = [s for s, r in zip(specs, rewards, strict=True) if EXPECTED_TOOLS_COLUMN not in required_columns(r)]
-    if not kept:
-        raise ValueError(f"every reward of the router reads `{EXPECTED_TOOLS_COLUMN}`: no outcome reward is left")
-    experimental = {k: v for k, v in (router.get("experimental") or {}).items() if k not in LABEL_TERMS}
-    return {**router, "rewards": kept, "experimental": experimental}
+def two_calls_router(router: dict[str, Any]) -> dict[str, Any]:
+    """The router recipe with a second turn: a router whose first call got a wrong answer back may ask again."""
+    return {**router, "max_turns": 2}
 
 
-def one_call_router(router: dict[str, Any]) -> dict[str, Any]:
-    """`outcome_router` with one turn: the router's one call, to the right specialist or not, decides."""
-    return {**outcome_router(router), "max_turns": 1}
+def tool_choice_router(router: dict[str, Any]) -> dict[str, Any]:
+    """`two_calls_router`, also paid (weight 0.5) for asking the specialist the row's label names (`ToolChoice`)."""
+    rewards = [r for r in router.get("rewards") or [] if r.get("type") != TOOL_CHOICE]
+    return {**two_calls_router(router), "rewards": [*rewards, {"type": TOOL_CHOICE, "weight": 0.5}]}
 
 
 def cotrained_router(router: dict[str, Any], specialist: str, steps: int, learning_rate: float) -> dict[str, Any]:
@@ -230,12 +218,12 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
         yaml.safe_dump(router_over(router_spec, {k: str(v) for k, v in specialists.items()}), sort_keys=False)
     )
     router = pinned_training_rows(copy, copy)
-    variants = {"outcome": outcome_router, "one_call": one_call_router}
+    variants = {"two_calls": two_calls_router, "tool_choice": tool_choice_router}
 
     def variant_recipe(arm: str) -> Path:
         return runs.with_name(f"{runs.name}-{arm}.yaml")
 
-    for arm, make in variants.items():  # their rewards are built to see which read the labels: only for arms that run
+    for arm, make in variants.items():  # written for the arms that run on them only
         if arm in args.arms or f"untrained_{arm}" in args.arms:
             recipe = make(yaml.safe_load(Path(router).read_text()))
             variant_recipe(arm).write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -249,12 +237,12 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
         "untrained": lambda: held_out(
             router_spec["model_name_or_path"], router, args.questions, 1, runs / "untrained_router.json"
         ),  # fmt: skip
-        "untrained_one_call": lambda: held_out(
+        "untrained_two_calls": lambda: held_out(
             router_spec["model_name_or_path"],
-            str(variant_recipe("one_call")),
+            str(variant_recipe("two_calls")),
             args.questions,
             1,
-            runs / "untrained_one_call_router.json",
+            runs / "untrained_two_calls_router.json",
         ),
         "oracle": lambda: oracle(router, args.questions, runs / "oracle.json"),
         "trained": lambda: trained_run(router, seed, str(runs / "router"), None, args.questions),

