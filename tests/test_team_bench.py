@@ -31,6 +31,8 @@ from agentic_grpo.benchmarks.team import (
     two_calls_router,
 )
 from agentic_grpo.data import load_task_data
+from agentic_grpo.reward_setup import build_rewards, required_columns
+from agentic_grpo.rollout_metrics import EXPECTED_TOOLS_COLUMN
 from agentic_grpo.tools.toolbox import TeamToolbox
 from tests.helpers import ROOT
 
@@ -227,9 +229,6 @@ def test_the_oracle_gives_each_question_to_the_specialist_its_row_names(tiny_mod
 
 def test_the_shipped_router_makes_one_call_and_reads_no_label():
     """The shipped router learns whom to ask from the answer alone: no reward reads the rows' `expected_tools`."""
-    from agentic_grpo.reward_setup import build_rewards, required_columns
-    from agentic_grpo.rollout_metrics import EXPECTED_TOOLS_COLUMN
-
     router = recipe("team_router")
     assert router["max_turns"] == 1
     rewards, _ = build_rewards(router["rewards"])
@@ -238,9 +237,6 @@ def test_the_shipped_router_makes_one_call_and_reads_no_label():
 
 
 def test_the_two_call_arms_add_a_turn_and_the_tool_choice_arm_pays_the_labelled_specialist():
-    from agentic_grpo.reward_setup import build_rewards, required_columns
-    from agentic_grpo.rollout_metrics import EXPECTED_TOOLS_COLUMN
-
     router = recipe("team_router")
     two = two_calls_router(router)
     assert two == {**router, "max_turns": 2}  # nothing else changes
