@@ -187,14 +187,20 @@ def trained_with(stem: str) -> dict[str, Any]:
     return yaml.safe_load(key["recipe"])
 
 
-def specialist_runs(args: argparse.Namespace, recipes: dict[str, dict[str, Any]], seed: int) -> dict[str, Path]:
+def specialist_runs(
+    args: argparse.Namespace, recipes: dict[str, dict[str, Any]], seed: int, fresh: str | None = None
+) -> dict[str, Path]:
     """Each specialist's shipped `output_dir` -> its run directory of `seed`, trained by `bench learning`; stops
     when a specialist is missing, or was trained with other settings than the router runs it with (what the run
-    was trained with, not the recipe as shipped today, which may have changed since)."""
+    was trained with, not the recipe as shipped today, which may have changed since). The `fresh` specialist
+    is trained anew by the arm that asks for it, so its run is neither needed nor checked."""
     runs = {}
     router = recipes["router"]
     for name in args.specialists:
         directory = Path(f"{args.specialists_prefix}-{name}-seed{seed}")
+        if name == fresh:
+            runs[recipes[name]["output_dir"]] = directory
+            continue
         if not (directory / "adapter_config.json").exists():
             raise SystemExit(f"error: no trained adapter in {directory}: train the specialist first with `agentic-grpo "
                              f"bench learning --recipe {name} --seeds {seed} --output-dir {args.specialists_prefix}`")  # fmt: skip
@@ -212,7 +218,9 @@ def specialist_runs(args: argparse.Namespace, recipes: dict[str, dict[str, Any]]
 def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The arms of one seed that run over its trained specialists: all but `generalist`."""
     router_spec = recipes["router"]
-    specialists = specialist_runs(args, recipes, seed)
+    # Only the co-trained arm asked: the specialist it trains from untrained need not have been trained alone.
+    fresh = args.cotrain if set(args.arms) - {"generalist"} == {"cotrained"} else None
+    specialists = specialist_runs(args, recipes, seed, fresh)
     copy = runs.with_name(f"{runs.name}-router.yaml")
     copy.write_text(
         yaml.safe_dump(router_over(router_spec, {k: str(v) for k, v in specialists.items()}), sort_keys=False)

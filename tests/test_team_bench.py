@@ -98,6 +98,13 @@ def test_a_specialist_is_checked_against_the_recipe_its_run_was_trained_with(tmp
     with pytest.raises(SystemExit, match="does not say what"):
         specialist_runs(only_dates, recipes, 2)
 
+    # The specialist the co-trained arm trains anew needs no run of its own; the others still do.
+    assert specialist_runs(only_dates, recipes, 3, fresh="team_dates") == {
+        dates["output_dir"]: tmp_path / "team-team_dates-seed3"
+    }
+    with pytest.raises(SystemExit, match="no trained adapter in .*team-team_dates-seed3"):
+        specialist_runs(only_dates, recipes, 3, fresh="team_units")
+
 
 def shipped_recipes() -> tuple[dict[str, Path], dict[str, dict]]:
     """The team's recipes as `bench team` hands them to `run_seed`: name -> file, name -> contents."""
@@ -117,7 +124,7 @@ def test_the_generalist_alone_needs_no_trained_specialist(tmp_path, monkeypatch)
     monkeypatch.setattr(team_bench, "cached", lambda path, key, measure: asked.append((path.name, key)) or {})
     shipped, recipes = shipped_recipes()
     args = argparse.Namespace(specialists=list(SPECIALISTS), specialists_prefix=str(tmp_path / "none"),
-                              output_dir=str(tmp_path / "bench"), questions=48, arms=["generalist"])  # fmt: skip
+                              output_dir=str(tmp_path / "bench"), questions=48, arms=["generalist"], cotrain="team_units")  # fmt: skip
     result = run_seed(0, args, shipped, recipes)
     assert [name for name, _ in asked] == ["bench-seed0-generalist.json"]
     assert asked[0][1]["max_steps"] == 66 and result["generalist"]["steps"] == 66
@@ -145,7 +152,7 @@ def test_the_two_call_routers_baseline_is_the_base_model_over_its_two_call_recip
     monkeypatch.setattr(team_bench, "held_out", held_out)
     monkeypatch.setattr(team_bench, "cached", lambda path, key, measure: measure())
     args = argparse.Namespace(specialists=list(SPECIALISTS), specialists_prefix=str(tmp_path / "team"),
-                              output_dir=str(tmp_path / "bench"), questions=48,
+                              output_dir=str(tmp_path / "bench"), questions=48, cotrain="team_units",
                               arms=["untrained", "untrained_two_calls"])  # fmt: skip
     run_seed(0, args, shipped, recipes)
     (one_name, one_model, one), (two_name, two_model, two) = evaluated
