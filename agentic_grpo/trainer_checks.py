@@ -27,7 +27,8 @@ def check_setup(
     if args.use_vllm and getattr(rollout_parts.trajectory_format, "action_choices", None):
         raise ValueError(NO_CONSTRAINED_ACTIONS)
     layers = {getattr(layer, "layer", None) for layer in trainer_class.__mro__}
-    needed = {"subagents": rollout_parts.agents, "experimental": args.experimental, "async": args.async_rollouts}
+    needed = {"subagents": rollout_parts.agents, "experimental": args.experimental, "async": args.async_rollouts,
+              "cotraining": any(getattr(agent, "train", False) for agent in rollout_parts.all_agents())}  # fmt: skip
     missing = sorted(name for name, need in needed.items() if need and name not in layers)
     if missing:
         raise ValueError(
@@ -39,6 +40,13 @@ def check_setup(
             layer.check_layer_setup(args, rollout_parts)
 
 
+def _experiments(args: Any) -> Any:
+    """The recipe's `experimental:` options (all off where `args` has none)."""
+    from agentic_grpo.experimental import ExperimentalConfig
+
+    return ExperimentalConfig.from_recipe(getattr(args, "experimental", None))
+
+
 def check_trainer_setup(
     args: AgenticGRPOConfig, reward_funcs: list[Callable], agents: Sequence[Any] = (), peft: bool = False
 ) -> None:
@@ -46,6 +54,12 @@ def check_trainer_setup(
     `agents`: the recipe's sub-agents, the whole tree; `peft`: the policy is a LoRA adapter."""
     check_saves_between_cycles(args)
     trained = [agent.name for agent in agents if getattr(agent, "train", False)]
+    if trained and not _experiments(args).cotrain_subagents:
+        raise ValueError(
+            f"sub-agent(s) {trained} set `train: true`: co-training is an experiment (agentic_grpo.experimental, "
+            "docs/subagents.md); turn it on with `experimental: {cotrain_subagents: true}`, or freeze them (drop "
+            "`train: true`)"
+        )
     if trained and args.world_size > 1:
         # Each role's forward and the policy's go through one DDP-wrapped model before one backward, and DDP
         # marks the shared LoRA parameters ready twice: the first backward fails.

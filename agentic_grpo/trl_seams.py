@@ -33,7 +33,7 @@ PRIVATE_SEAMS: dict[str, tuple[str, ...]] = {
         "mm_token_type_ids",
         "image_position_ids",
     ),  # fmt: skip
-    # TRL's loss of a batch, which co-trained roles call on their children (`agentic_grpo.subagents.role_loss`),
+    # TRL's loss of a batch, which co-trained roles call on their children (`agentic_grpo.experimental.role_loss`),
     # reading `tool_mask`, `num_items_in_batch` and the log-prob keys TRL's own batch has.
     "GRPOTrainer._compute_loss": ("self", "model", "inputs"),
     # {"train"|"eval": {name: [values]}}, written only by `log_metrics` and `metrics_under`; the engine helper whose

@@ -33,7 +33,8 @@ ARMS = ("cotrain", "frozen")
 
 
 def arm_recipe(recipe: dict[str, Any], arm: str) -> dict[str, Any]:
-    """The recipe of one arm: `frozen` turns every sub-agent's training off (at any depth)."""
+    """The recipe of one arm: `frozen` turns every sub-agent's training off (at any depth), and co-training with
+    it (`experimental: cotrain_subagents`)."""
     if not any(entry.get("train") for entry in recipe.get("subagents") or []):
         raise ValueError(
             "the recipe trains no sub-agent: give one `subagents` entry `adapter: NAME` and `train: true`"
@@ -48,7 +49,14 @@ def arm_recipe(recipe: dict[str, Any], arm: str) -> dict[str, Any]:
             out.append(entry)
         return out
 
-    return recipe if arm == "cotrain" else {**recipe, "subagents": frozen(recipe["subagents"])}
+    if arm == "cotrain":
+        return recipe
+    # The frozen arm trains no sub-agent, so co-training is off; the recipe's other experiments stay on.
+    out = {k: v for k, v in recipe.items() if k != "experimental"}
+    others = {k: v for k, v in (recipe.get("experimental") or {}).items() if k != "cotrain_subagents"}
+    if others:
+        out["experimental"] = others
+    return {**out, "subagents": frozen(recipe["subagents"])}
 
 
 def run_arm(recipe: str, seed: int, output_dir: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -120,7 +120,8 @@ def tool_choice_router(router: dict[str, Any]) -> dict[str, Any]:
 
 def cotrained_router(router: dict[str, Any], specialist: str, steps: int, learning_rate: float) -> dict[str, Any]:
     """The router recipe with the sub-agent that loads `specialist` (its shipped output_dir) turned into a new
-    adapter trained with the router (`train: true`, at the specialist recipe's `learning_rate`), for `steps`."""
+    adapter trained with the router (`train: true`, at the specialist recipe's `learning_rate`; the experiment
+    `cotrain_subagents` on), for `steps`."""
     entries = [dict(entry) for entry in router.get("subagents") or []]
     found = [e for e in entries if e.get("adapter_path") == specialist]
     if len(found) != 1:
@@ -128,7 +129,8 @@ def cotrained_router(router: dict[str, Any], specialist: str, steps: int, learni
     found[0].pop("adapter_path")
     found[0].pop("temperature", None)  # a trained sub-agent samples at the run's temperature, as its loss reads it
     found[0].update(train=True, learning_rate=learning_rate)
-    return {**router, "subagents": entries, "max_steps": steps}
+    experimental = {**(router.get("experimental") or {}), "cotrain_subagents": True}
+    return {**router, "subagents": entries, "max_steps": steps, "experimental": experimental}
 
 
 def oracle(router_recipe: str, questions: int, report: Path) -> dict[str, Any]:

@@ -112,6 +112,8 @@ def make_trainer(model_dir: str, out: Path, subagent: dict, **overrides) -> Any:
         max_tokens_per_turn=8, max_completion_length=96, max_steps=2, learning_rate=1e-2, beta=0.04, temperature=1.0,
         save_trajectories_steps=1, logging_steps=1,
     )  # fmt: skip
+    if subagent.get("train"):
+        settings["experimental"] = {"cotrain_subagents": True}
     settings.update(overrides)
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} * 7?"}], "question": f"What is {a} * 7?"}
             for a in range(100, 108)]  # fmt: skip

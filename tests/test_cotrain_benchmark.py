@@ -33,8 +33,13 @@ def test_the_frozen_arm_is_the_same_recipe_with_no_sub_agent_trained():
     frozen = arm_recipe(recipe, "frozen")
     assert arm_recipe(recipe, "cotrain") == recipe
     assert all("train" not in e and "learning_rate" not in e for e in frozen["subagents"])
-    del frozen["subagents"], recipe["subagents"]
+    assert recipe["experimental"] == {"cotrain_subagents": True} and "experimental" not in frozen
+    del frozen["subagents"], recipe["subagents"], recipe["experimental"]
     assert frozen == recipe
+    # Other experiments of the recipe stay on in both arms.
+    spread = {**recipe, "subagents": [{"name": "x", "train": True}],
+              "experimental": {"cotrain_subagents": True, "spread_first_action": True}}  # fmt: skip
+    assert arm_recipe(spread, "frozen")["experimental"] == {"spread_first_action": True}
 
 
 @pytest.mark.integration

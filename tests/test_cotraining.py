@@ -17,8 +17,8 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
+from agentic_grpo.experimental.cotrain import ChildSample, adapter_of, assign_advantages
 from agentic_grpo.plugins import PluginError
-from agentic_grpo.subagents.cotrain import ChildSample, adapter_of, assign_advantages
 from tests.subagent_support import helper, make_trainer
 
 
@@ -182,6 +182,16 @@ def test_a_roles_own_rewards_add_to_the_shared_one(tiny_model_dir, tmp_path):
 def test_a_trained_subagent_needs_an_adapter_of_its_own(tiny_model_dir, tmp_path, entry, message):
     with pytest.raises(PluginError, match=message):
         make_trainer(tiny_model_dir, tmp_path, helper(**entry))
+
+
+def test_co_training_is_an_experiment_turned_on_by_name_and_only_where_a_subagent_trains(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"\['helper'\] set `train: true`: co-training is an experiment.*"
+                                         r"experimental: \{cotrain_subagents: true\}"):  # fmt: skip
+        make_trainer(tiny_model_dir, tmp_path / "off", helper(), experimental={})
+    with pytest.raises(ValueError, match="`cotrain_subagents` co-trains the sub-agents with `train: true`, and the"):
+        make_trainer(tiny_model_dir, tmp_path / "none", helper(train=False), experimental={"cotrain_subagents": True})
+    trainer = make_trainer(tiny_model_dir, tmp_path / "on", helper())
+    assert [role.name for role in trainer.cotraining.roles] == ["helper"]
 
 
 @pytest.mark.integration  # trains for several steps

@@ -265,6 +265,7 @@ def test_the_cotrained_arm_trains_one_specialist_from_new_with_the_router_the_ot
     seeds = router_over(router, paths)
     together = cotrained_router(seeds, paths["outputs/team/units"], steps=46, learning_rate=1e-4)
     assert together["max_steps"] == 46
+    assert together["experimental"] == {**router["experimental"], "cotrain_subagents": True}
     units = together["subagents"][1]
     assert units["name"] == "ask_units" and "adapter_path" not in units and units["train"] is True
     assert "temperature" not in units and seeds["subagents"][1]["temperature"] == 0  # greedy while frozen only

@@ -63,6 +63,7 @@ def test_a_recipe_with_subagents_loads_that_layer_only():
 
 
 def test_trainer_class_composes_each_layer_before_the_policys_trainer_once():
+    from agentic_grpo.experimental.cotrain_layer import CoTrainingLayer
     from agentic_grpo.experimental.layer import ExperimentsLayer
     from agentic_grpo.subagents.layer import SubAgentsLayer
     from agentic_grpo.trainer import AgenticGRPOTrainer
@@ -77,6 +78,10 @@ def test_trainer_class_composes_each_layer_before_the_policys_trainer_once():
     assert trainer_class(SimpleNamespace(experimental={"spread_first_action": True}, subagents=[])).__mro__[1] is (
         ExperimentsLayer
     )
+    # Co-training comes first: a resume restores the policy's adapter (SubAgentsLayer) before it makes the
+    # co-trained adapters trainable again.
+    cotrained = trainer_class(SimpleNamespace(experimental={"cotrain_subagents": True}, subagents=[{"name": "x"}]))
+    assert cotrained.__mro__[:4] == (cotrained, CoTrainingLayer, SubAgentsLayer, ExperimentsLayer)
 
 
 @pytest.mark.parametrize("layer", ["subagents", "experimental"])

@@ -168,7 +168,8 @@ def test_full_weight_server_mode_without_cuda_is_refused():
 
 def test_co_training_with_several_processes_is_refused():
     layout = SimpleNamespace(per_device_train_batch_size=8, steps_per_generation=1, num_generations=4, world_size=2,
-                             use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1)  # fmt: skip
+                             use_vllm=False, vllm_mode="colocate", vllm_tensor_parallel_size=1,
+                             experimental={"cotrain_subagents": True})  # fmt: skip
     trained, frozen = SimpleNamespace(name="helper", train=True), SimpleNamespace(name="other", train=False)
     with pytest.raises(ValueError, match=r"co-trained sub-agents \(\['helper'\].*this launch has 2"):
         check_trainer_setup(layout, [exact], [frozen, trained])

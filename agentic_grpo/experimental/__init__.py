@@ -2,8 +2,8 @@
 
 As `trl.experimental` does for TRL, this package holds what a user should not need to read to use the
 framework. A recipe turns them on under one key, `experimental:`, whose fields are `ExperimentalConfig`'s; they
-are not in the main `--help`. docs/tool_choice.md and docs/turn_credit.md describe them, and RESULTS.md what they
-measured.
+are not in the main `--help`. docs/tool_choice.md, docs/turn_credit.md and docs/subagents.md describe them, and
+RESULTS.md what they measured.
 
 - `spread_first_action` (`agentic_grpo.experimental.spread`): hold the first action slot of a GRPO group's G
   rows to G different tools, so every group compares every tool (off-policy exploration).
@@ -15,6 +15,8 @@ measured.
   multiple of the sampling temperature).
 - `advantage`, `turn_lambda`, `turn_gamma` (`agentic_grpo.experimental.turn_credit`): per-turn credit, the
   environment's per-turn rewards (and states) turned into per-token advantages; docs/turn_credit.md.
+- `cotrain_subagents` (`agentic_grpo.experimental.cotrain`): sub-agents with `train: true` learn in the same run
+  as the policy, each on a LoRA adapter of its own; docs/subagents.md.
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ class ExperimentalConfig:
         default=1.0,
         metadata={"help": "Discount of later turns' rewards in the `turn` and `anchor` returns, in (0, 1]."},
     )
+
+    cotrain_subagents: bool = field(
+        default=False,
+        metadata={"help": "Train the sub-agents with `train: true` in the same run as the policy (co-training), each "
+                  "its LoRA adapter with GRPO groups of its own. Refused without such a sub-agent."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.advantage not in ("outcome", "turn", "anchor"):

@@ -50,7 +50,7 @@ class SubAgent:
             `ModelSource` (a frozen model) or `EndpointSource` (an OpenAI-compatible server).
         row_columns: columns of the parent's dataset row copied into the sub-task's row (its environment's
             `reset(row)` sees them); the row's `question` is always the task.
-        train: its LoRA adapter trains with the policy (`agentic_grpo.subagents.cotrain`); otherwise frozen.
+        train: its LoRA adapter trains with the policy (`agentic_grpo.experimental.cotrain`); otherwise frozen.
         learning_rate: its adapter's learning rate when trained (None: the run's).
         rewards: its own (reward function, weight) pairs when trained, added to the shared outcome reward.
         task_column: the column of the parent's dataset row that is its task: the tool then takes no arguments

@@ -1,4 +1,4 @@
-"""A co-trained role's share of the GRPO loss over its child trajectories (`agentic_grpo.subagents.cotrain`).
+"""A co-trained role's share of the GRPO loss over its child trajectories (`agentic_grpo.experimental.cotrain`).
 
 The loss is TRL's own (`GRPOTrainer._compute_loss`, the policy's): the role's children are a batch of TRL's layout
 (prompts left-padded, completions right-padded, tool tokens out of the loss through `tool_mask`), read under the

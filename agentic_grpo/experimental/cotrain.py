@@ -38,11 +38,16 @@ from accelerate.utils import DistributedType, gather_object
 
 from agentic_grpo.advantages import all_equal
 from agentic_grpo.canaries import CanaryError, canary_limit, likely_causes, logprob_agreement, sampler_disagreement
+from agentic_grpo.experimental.role_loss import LOSS_TYPES, ChildSample, completion_tensor, padded, role_loss
 from agentic_grpo.reward_setup import score_trajectories
 from agentic_grpo.subagents.adapters import adapter_active
-from agentic_grpo.subagents.role_loss import LOSS_TYPES, ChildSample, completion_tensor, padded, role_loss
 from agentic_grpo.subagents.usage import descendants
 from agentic_grpo.trajectory import masked_loss_mask
+
+NO_TRAINED_SUBAGENT = (
+    "experimental `cotrain_subagents` co-trains the sub-agents with `train: true`, and the recipe has none: add "
+    "`train: true` to a sub-agent on `adapter: NAME`, or drop the option"
+)
 
 POLICY_ROLE = "policy"
 """The role name of the trained policy itself (the orchestrator), in `roles/<name>/...` metrics."""
@@ -212,20 +217,13 @@ class CoTraining:
         self.roles = roles
 
     @classmethod
-    def for_trainer(cls, trainer: Any, agents: list[Any]) -> CoTraining | None:
-        """Attach the adapters of the sub-agents (`agents`: a whole tree) that run on the policy's base model, and
-        the co-training of those with `train: true` (None when none is trained). Call before training wraps the
-        model. Raises ValueError on a set-up that cannot be trained."""
-        from agentic_grpo.subagents.adapters import BASE, is_peft_model
-        from agentic_grpo.subagents.sources import attach_adapters
-
-        attach_adapters(trainer.model, agents)
-        based = [a.name for a in agents if a.adapter == BASE]
-        if based and not is_peft_model(trainer.model):  # trained in full, the policy is no longer its own base
-            raise ValueError(f"sub-agent(s) {based} run on the policy's base model (`adapter: __base__`), which "
-                             "needs a LoRA policy: set `use_peft: true`, or give them a `model` of their own")  # fmt: skip
+    def for_trainer(cls, trainer: Any, agents: list[Any]) -> CoTraining:
+        """The co-training of the sub-agents with `train: true` among `agents` (a whole tree), whose adapters are
+        on the trainer's model; raises ValueError on a set-up that cannot be trained."""
         roles = trained_roles(agents, trainer.args.loss_type)
-        return cls(trainer, roles) if roles else None
+        if not roles:
+            raise ValueError(NO_TRAINED_SUBAGENT)
+        return cls(trainer, roles)
 
     def split_param_groups(self, optimizer: Any, model: Any) -> None:
         """Replace `optimizer`'s parameter groups by `role_param_groups` (once; before any step)."""
