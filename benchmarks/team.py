@@ -241,8 +241,6 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
     def variant(arm: str) -> dict[str, Any]:
         return trained_run(str(variant_recipe(arm)), seed, str(runs / arm), None, args.questions)
 
-    key = {"questions": args.questions, "seed": seed, "router": Path(router).read_text(),
-           "specialists": {str(d): adapter_digest(d) for d in specialists.values()}}  # fmt: skip
     arms = {
         "untrained": lambda: held_out(
             router_spec["model_name_or_path"], router, args.questions, 1, runs / "untrained_router.json"
@@ -261,8 +259,12 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
     result: dict[str, Any] = {
         "specialists": {name: str(d) for name, d in zip(args.specialists, specialists.values(), strict=True)},
     }
-    for arm in [a for a in ARMS if a in args.arms and a in arms]:
-        result[arm] = cached(runs.with_name(f"{runs.name}-{arm}.json"), key, arms[arm])
+    asked = [a for a in ARMS if a in args.arms and a in arms]
+    if asked:  # these arms run over every specialist's trained run
+        key = {"questions": args.questions, "seed": seed, "router": Path(router).read_text(),
+               "specialists": {str(d): adapter_digest(d) for d in specialists.values()}}  # fmt: skip
+        for arm in asked:
+            result[arm] = cached(runs.with_name(f"{runs.name}-{arm}.json"), key, arms[arm])
     if "cotrained" in args.arms:
         name = args.cotrain
         if name not in args.specialists:

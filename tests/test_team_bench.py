@@ -116,7 +116,7 @@ def shipped_recipes() -> tuple[dict[str, Path], dict[str, dict]]:
     return shipped, {n: recipe(path.stem) for n, path in shipped.items()}
 
 
-def test_the_generalist_alone_needs_no_trained_specialist(tmp_path, monkeypatch):
+def test_the_generalist_needs_no_trained_specialist_nor_the_cotrained_arm_the_one_it_trains(tmp_path, monkeypatch):
     """The generalist loads no specialist, so its arm runs where none is trained; every other arm stops. What an
     arm measures is replaced by a record of what it was asked: training it is the benchmark's long run, not this
     check's."""
@@ -133,6 +133,17 @@ def test_the_generalist_alone_needs_no_trained_specialist(tmp_path, monkeypatch)
         with pytest.raises(SystemExit, match="no trained adapter"):
             run_seed(0, argparse.Namespace(**{**vars(args), "arms": [arm, "generalist"]}), shipped, recipes)
     assert len(asked) == 1
+
+    # The co-trained arm alone runs where only the specialists it keeps frozen are trained.
+    for name in ("team_arithmetic", "team_dates"):
+        trained_like_bench_learning(tmp_path / f"none-{name}-seed0", yaml.safe_dump(recipes[name]))
+        (tmp_path / f"none-{name}-seed0" / "adapter_model.safetensors").write_bytes(name.encode())
+    run_seed(0, argparse.Namespace(**{**vars(args), "arms": ["cotrained"]}), shipped, recipes)
+    assert [name for name, _ in asked[1:]] == ["bench-seed0-cotrained.json"]
+    assert sorted(asked[1][1]["specialists"]) == [str(tmp_path / f"none-{n}-seed0") for n in ("team_arithmetic",
+                                                                                             "team_dates")]  # fmt: skip
+    with pytest.raises(SystemExit, match="no trained adapter in .*none-team_units-seed0"):
+        run_seed(0, argparse.Namespace(**{**vars(args), "arms": ["cotrained", "trained"]}), shipped, recipes)
 
 
 def test_the_two_call_routers_baseline_is_the_base_model_over_its_two_call_recipe(tmp_path, monkeypatch):
