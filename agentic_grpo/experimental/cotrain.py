@@ -44,11 +44,6 @@ from agentic_grpo.subagents.adapters import adapter_active
 from agentic_grpo.subagents.usage import descendants
 from agentic_grpo.trajectory import masked_loss_mask
 
-NO_TRAINED_SUBAGENT = (
-    "experimental `cotrain_subagents` co-trains the sub-agents with `train: true`, and the recipe has none: add "
-    "`train: true` to a sub-agent on `adapter: NAME`, or drop the option"
-)
-
 POLICY_ROLE = "policy"
 """The role name of the trained policy itself (the orchestrator), in `roles/<name>/...` metrics."""
 
@@ -219,11 +214,8 @@ class CoTraining:
     @classmethod
     def for_trainer(cls, trainer: Any, agents: list[Any]) -> CoTraining:
         """The co-training of the sub-agents with `train: true` among `agents` (a whole tree), whose adapters are
-        on the trainer's model; raises ValueError on a set-up that cannot be trained."""
-        roles = trained_roles(agents, trainer.args.loss_type)
-        if not roles:
-            raise ValueError(NO_TRAINED_SUBAGENT)
-        return cls(trainer, roles)
+        on the trainer's model (the layer's set-up check has refused a recipe without one)."""
+        return cls(trainer, trained_roles(agents, trainer.args.loss_type))
 
     def split_param_groups(self, optimizer: Any, model: Any) -> None:
         """Replace `optimizer`'s parameter groups by `role_param_groups` (once; before any step)."""

@@ -12,7 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from agentic_grpo.backends import dropout_off
-from agentic_grpo.experimental.cotrain import NO_TRAINED_SUBAGENT, CoTraining, trained_roles
+from agentic_grpo.experimental.cotrain import CoTraining, trained_roles
+
+NO_TRAINED_SUBAGENT = (
+    "experimental `cotrain_subagents` co-trains the sub-agents with `train: true`, and the recipe has none: add "
+    "`train: true` to a sub-agent on `adapter: NAME`, or drop the option"
+)
 
 
 def check_cotraining(args: Any, rollout_parts: Any) -> None:
