@@ -256,9 +256,9 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
         "trained": lambda: trained_run(router, seed, str(runs / "router"), None, args.questions),
         **{arm: functools.partial(variant, arm) for arm in variants},
     }
-    result: dict[str, Any] = {
-        "specialists": {name: str(d) for name, d in zip(args.specialists, specialists.values(), strict=True)},
-    }
+    read = zip(args.specialists, specialists.values(), strict=True)
+    # The co-trained arm's specialist starts anew: its run directory is where that arm writes, not what it reads.
+    result: dict[str, Any] = {"specialists": {name: str(d) for name, d in read if name != fresh}}
     asked = [a for a in ARMS if a in args.arms and a in arms]
     if asked:  # these arms run over every specialist's trained run
         key = {"questions": args.questions, "seed": seed, "router": Path(router).read_text(),

@@ -138,7 +138,8 @@ def test_the_generalist_needs_no_trained_specialist_nor_the_cotrained_arm_the_on
     for name in ("team_arithmetic", "team_dates"):
         trained_like_bench_learning(tmp_path / f"none-{name}-seed0", yaml.safe_dump(recipes[name]))
         (tmp_path / f"none-{name}-seed0" / "adapter_model.safetensors").write_bytes(name.encode())
-    run_seed(0, argparse.Namespace(**{**vars(args), "arms": ["cotrained"]}), shipped, recipes)
+    cotrained = run_seed(0, argparse.Namespace(**{**vars(args), "arms": ["cotrained"]}), shipped, recipes)
+    assert sorted(cotrained["specialists"]) == ["team_arithmetic", "team_dates"]
     assert [name for name, _ in asked[1:]] == ["bench-seed0-cotrained.json"]
     assert sorted(asked[1][1]["specialists"]) == [str(tmp_path / f"none-{n}-seed0") for n in ("team_arithmetic",
                                                                                              "team_dates")]  # fmt: skip
