@@ -257,7 +257,7 @@ def router_arms(seed: int, args: argparse.Namespace, runs: Path, recipes: dict[s
         **{arm: functools.partial(variant, arm) for arm in variants},
     }
     read = zip(args.specialists, specialists.values(), strict=True)
-    # The co-trained arm's specialist starts anew: its run directory is where that arm writes, not what it reads.
+    # The co-trained arm's specialist is a new adapter (`cotrained_router`): its own run is neither read nor needed.
     result: dict[str, Any] = {"specialists": {name: str(d) for name, d in read if name != fresh}}
     asked = [a for a in ARMS if a in args.arms and a in arms]
     if asked:  # these arms run over every specialist's trained run
